@@ -1,0 +1,1 @@
+"""Masked diffusion language model: tokenizer, model loading, block decoder, training."""

