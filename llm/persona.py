@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import random
 
-
-
 _GREET_IN = [
     "hello", "hi", "hi there", "hey", "good morning", "good afternoon", "good evening",
     "hello is anyone there", "hi who am I speaking with", "hello who is this",

@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pad-weight", type=float, default=0.1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--init", type=Path, help="continue from the weights in this directory")
     ap.add_argument("--checkpoint-minutes", type=float, default=10.0)
     args = ap.parse_args(argv)
 
@@ -145,6 +146,12 @@ def main(argv: list[str] | None = None) -> None:
     tok.save(args.out)
     data = encode_pairs(tok, train_pairs)
     model = new_mdlm(tok) if args.arch == "mdlm" else new_ar(tok)
+    if args.init:
+        from safetensors.torch import load_file
+
+        state = load_file(str(args.init / "model.safetensors"))
+        model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+        model.tie_weights()
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{args.arch}: {n_params / 1e6:.2f}M params, {len(data)} training pairs, vocab {tok.vocab_size}", flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
@@ -185,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
             "minutes": round((time.monotonic() - start) / 60, 2), "batch": args.batch, "lr": args.lr,
             "pad_weight": args.pad_weight, "seed": args.seed, "threads": args.threads,
             "train_pairs": len(data), "heldout": HELDOUT, "prompt_len": PROMPT_LEN, "block_len": BLOCK_LEN,
-            "loss_curve": [round(sum(losses[i : i + 100]) / len(losses[i : i + 100]), 4) for i in range(0, len(losses), 100)],
+            "loss_curve": [round(sum(c) / len(c), 4) for c in (losses[i : i + 100] for i in range(0, step, 100))],
             "data": ["chitchat-dataset 0.9.0 (MIT)", "chatterbot-corpus 1.3.3 (BSD)", "llm.persona (generated)"],
         }
         if time.monotonic() - last_ckpt > args.checkpoint_minutes * 60:

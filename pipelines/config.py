@@ -107,15 +107,20 @@ class OutputConfig(_Section):
 
 
 class MqttConfig(_Section):
-    host: str | None = None
+    host: str | None = Field(None, description="broker host; None publishes nothing")
     port: int = Field(1883, ge=1, le=65535)
     tls: bool = False
+    tls_ca: str | None = Field(None, description="CA bundle for TLS; default: the system store")
     username: str | None = None
     password: str | None = None
-    prefix: str = "voiceagent"
-    agent_id: str = "agent"
-    queue_max: int = Field(1000, ge=1, le=1_000_000)
-    partial_rate_hz: float = Field(5.0, gt=0, le=100)
+    prefix: str = Field("voiceagent", pattern=r"^[^#+]+$")
+    agent_id: str = Field("agent", pattern=r"^[^/#+]+$")
+    queue_max: int = Field(1000, ge=1, le=1_000_000, description="events kept while the broker is away")
+    partial_rate_hz: float = Field(5.0, gt=0, le=100, description="partials published per session per second")
+    keepalive_s: int = Field(10, ge=2, le=600, description="also how fast a silent broker death is noticed")
+    reconnect_min_s: float = Field(0.2, gt=0, le=60)
+    reconnect_max_s: float = Field(5.0, gt=0, le=600)
+    publish_timeout_s: float = Field(5.0, gt=0, le=120)
 
 
 class SipConfig(_Section):
@@ -143,7 +148,8 @@ class LivekitConfig(_Section):
 
 
 class MetricsConfig(_Section):
-    prometheus_port: int | None = Field(None, ge=1, le=65535)
+    prometheus_port: int | None = Field(None, ge=0, le=65535, description="serve /metrics here; None: off, 0: any")
+    prometheus_host: str = "127.0.0.1"
 
 
 class AgentConfig(_Section):

@@ -64,7 +64,9 @@ class StreamResampler:
     def __init__(self, src_rate: int, dst_rate: int) -> None:
         self.src_rate = src_rate
         self.dst_rate = dst_rate
-        self._rs = None if src_rate == dst_rate else soxr.ResampleStream(src_rate, dst_rate, 1, dtype="int16", quality="HQ")
+        self._rs = (
+            None if src_rate == dst_rate else soxr.ResampleStream(src_rate, dst_rate, 1, dtype="int16", quality="HQ")
+        )
 
     def process(self, pcm: np.ndarray, last: bool = False) -> np.ndarray:
         if self._rs is None:

@@ -1,0 +1,176 @@
+"""Load a masked diffusion LM from a local directory (never from a hub).
+
+Three families share one decoding interface (`LoadedLM`):
+
+- ``masked_lm`` with this project's chat tokenizer: the embedded ModernBERT MDLM in
+  ``llm/weights/mdlm`` (the default), or any retrained copy;
+- ``masked_lm`` with a Hugging Face tokenizer: any local `AutoModelForMaskedLM` directory,
+  e.g. ModernBERT-based chat MDLMs; the prompt uses the tokenizer's chat template if it has
+  one;
+- ``llada`` / ``dream``: LLaDA- and Dream-style checkpoints with remote code
+  (``trust_remote_code``). Each has its own mask id and chat template; Dream predicts token
+  i from position i-1, so its logits are shifted. Their published modeling code targets
+  transformers 4.38 (LLaDA) and 4.46 (Dream); with transformers 5.x it needs a patched copy
+  (see README).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from llm.decoder import LogitsFn, SpecialTokens
+from llm.tokenizer import EOT, MASK, ChatTokenizer
+from pipelines.config import LlmConfig
+
+EMBEDDED = Path(__file__).parent / "weights" / "mdlm"
+LLADA_MASK_ID = 126336
+DREAM_MASK_ID = 151666
+
+
+class ModelLoadError(RuntimeError):
+    pass
+
+
+PromptFn = Callable[[str, list[tuple[str, str]], int], list[int]]
+
+
+@dataclass
+class LoadedLM:
+    kind: str
+    model: torch.nn.Module
+    logits_fn: LogitsFn
+    special: SpecialTokens
+    prompt_ids: PromptFn  # (user_text, history, max_len) -> ids ending where the reply starts
+    decode: Callable[[list[int]], str]
+    path: Path
+
+
+def _offline() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def detect_kind(path: Path) -> str:
+    cfg = json.loads((path / "config.json").read_text())
+    mt = str(cfg.get("model_type", "")).lower()
+    if "llada" in mt:
+        return "llada"
+    if "dream" in mt:
+        return "dream"
+    return "masked_lm"
+
+
+def load_lm(cfg: LlmConfig) -> LoadedLM:
+    _offline()
+    path = Path(cfg.model_path) if cfg.model_path else EMBEDDED
+    if not (path / "config.json").exists():
+        raise ModelLoadError(f"no model at {path} (config.json missing)")
+    kind = detect_kind(path) if cfg.kind == "auto" else cfg.kind
+    try:
+        if kind == "masked_lm":
+            return _load_masked_lm(path)
+        return _load_remote(path, kind)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # transformers raises many types; name the path
+        raise ModelLoadError(f"could not load {kind} model from {path}: {exc}") from exc
+
+
+def _hidden_then_head(model: torch.nn.Module) -> LogitsFn:
+    """ModernBERT: run the vocabulary head on the block positions only."""
+
+    def fn(ids: torch.Tensor, attn: torch.Tensor, start: int) -> torch.Tensor:
+        h = model.model(input_ids=ids, attention_mask=attn).last_hidden_state[:, start:]
+        return model.decoder(model.head(h))
+
+    return fn
+
+
+def _full_logits(model: torch.nn.Module, shift: bool = False) -> LogitsFn:
+    def fn(ids: torch.Tensor, attn: torch.Tensor, start: int) -> torch.Tensor:
+        logits = model(input_ids=ids, attention_mask=attn).logits
+        if shift:  # position i predicts token i+1 (Dream)
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        return logits[:, start:]
+
+    return fn
+
+
+def _load_masked_lm(path: Path) -> LoadedLM:
+    from transformers import AutoModelForMaskedLM
+
+    model = AutoModelForMaskedLM.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
+    model.eval()
+    has_head = hasattr(model, "head") and hasattr(model, "decoder")
+    logits_fn = _hidden_then_head(model) if has_head else _full_logits(model)
+    tok_file = path / "tokenizer.json"
+    if tok_file.exists() and _has_chat_tokens(tok_file):
+        tok = ChatTokenizer.load(path)
+        sp = tok.special
+        special = SpecialTokens(mask=sp.mask, eot=sp.eot, pad=sp.pad, forbidden=(sp.bos, sp.sep))
+
+        def prompt_ids(text: str, history: list[tuple[str, str]], max_len: int) -> list[int]:
+            ctx = " ".join([f"{u} {a}" for u, a in history] + [text])
+            return tok.prompt_ids(ctx, max_len)
+
+        return LoadedLM("masked_lm", model, logits_fn, special, prompt_ids, tok.decode, path)
+    return _hf_tokenizer_lm("masked_lm", model, logits_fn, path, None)
+
+
+def _has_chat_tokens(tok_file: Path) -> bool:
+    text = tok_file.read_text()
+    return f'"{MASK}"' in text and f'"{EOT}"' in text
+
+
+def _hf_tokenizer_lm(
+    kind: str, model: torch.nn.Module, logits_fn: LogitsFn, path: Path, mask_id: int | None
+) -> LoadedLM:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=kind != "masked_lm")
+    mask = mask_id if mask_id is not None else tok.mask_token_id
+    if mask is None:
+        raise ModelLoadError(f"{path}: tokenizer has no mask token")
+    eot = tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id
+    if eot is None:
+        raise ModelLoadError(f"{path}: tokenizer has no end token (eos or sep)")
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eot
+    forbidden = tuple(i for i in (tok.bos_token_id, tok.cls_token_id) if i is not None and i not in (eot, pad))
+    special = SpecialTokens(mask=mask, eot=eot, pad=pad, forbidden=forbidden)
+
+    def prompt_ids(text: str, history: list[tuple[str, str]], max_len: int) -> list[int]:
+        msgs = []
+        for u, a in history:
+            msgs += [{"role": "user", "content": u}, {"role": "assistant", "content": a}]
+        msgs.append({"role": "user", "content": text})
+        if getattr(tok, "chat_template", None):
+            ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict):
+                ids = ids["input_ids"]
+        else:
+            ids = tok("".join(f"{m['role']}: {m['content']}\n" for m in msgs) + "assistant:")["input_ids"]
+        return list(ids)[-max_len:]
+
+    def decode(ids: list[int]) -> str:
+        return tok.decode(ids, skip_special_tokens=True).strip()
+
+    return LoadedLM(kind, model, logits_fn, special, prompt_ids, decode, path)
+
+
+def _load_remote(path: Path, kind: str) -> LoadedLM:
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(path), local_files_only=True, trust_remote_code=True, dtype=torch.float32)
+    model.eval()
+    cfg = model.config
+    if kind == "llada":
+        mask = int(getattr(cfg, "mask_token_id", None) or LLADA_MASK_ID)
+        return _hf_tokenizer_lm(kind, model, _full_logits(model), path, mask)
+    mask = int(getattr(cfg, "mask_token_id", None) or DREAM_MASK_ID)
+    return _hf_tokenizer_lm(kind, model, _full_logits(model, shift=True), path, mask)

@@ -1,0 +1,133 @@
+"""The agent's reply writer: prompt formatting, block decoding, text out.
+
+`Responder.generate` is blocking (torch); `agenerate` runs it in a worker thread and stops
+it between denoising passes when the awaiting task is cancelled. `redenoise` is the
+incremental path: when the caller's partial transcript changes a little, the previous block
+is kept and only its low-confidence and changed positions are re-masked and re-decoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from llm.decoder import BlockResult, DecodeOptions, DecodeStats, generate_block, generate_blocks
+from llm.loader import LoadedLM, load_lm
+from pipelines.config import LlmConfig
+
+
+@dataclass
+class Reply:
+    text: str
+    ids: list[int]
+    block: list[int]
+    confidence: list[float]
+    stats: DecodeStats
+    prompt: str
+    remasked: int = -1  # positions re-decoded by a warm start (-1: cold start)
+
+
+class Responder:
+    def __init__(self, lm: LoadedLM, cfg: LlmConfig) -> None:
+        self.lm = lm
+        self.cfg = cfg
+
+    @classmethod
+    def load(cls, cfg: LlmConfig | None = None) -> Responder:
+        cfg = cfg or LlmConfig()
+        return cls(load_lm(cfg), cfg)
+
+    def options(self, deadline: float | None = None, **overrides: object) -> DecodeOptions:
+        c = self.cfg
+        kw: dict[str, object] = dict(
+            block_len=c.block_len, steps=c.steps, min_steps=c.min_steps, tau=c.tau, score=c.score,
+            gamma=c.gamma, sub_block=c.sub_block, eot_penalty=c.eot_penalty, deadline=deadline,
+        )
+        kw.update(overrides)
+        return DecodeOptions(**kw)  # type: ignore[arg-type]
+
+    def _prompt(self, text: str, history: list[tuple[str, str]] | tuple = ()) -> list[int]:
+        hist = list(history)[-self.cfg.history_turns :] if self.cfg.history_turns else []
+        return self.lm.prompt_ids(text, hist, self.cfg.prompt_len)
+
+    def _reply(self, res: BlockResult, text: str, remasked: int = -1) -> Reply:
+        return Reply(self.lm.decode(res.ids), res.ids, res.block, res.confidence, res.stats, text, remasked)
+
+    def generate(
+        self,
+        user_text: str,
+        history: list[tuple[str, str]] | tuple = (),
+        deadline_s: float | None = None,
+        cancel: threading.Event | None = None,
+        **overrides: object,
+    ) -> Reply:
+        """Blocking. ``deadline_s`` is a budget in seconds from now (anytime decoding)."""
+        deadline = time.perf_counter() + deadline_s if deadline_s is not None else None
+        res = generate_block(
+            self.lm.logits_fn, self._prompt(user_text, history), self.lm.special, self.options(deadline, **overrides),
+            should_stop=cancel.is_set if cancel else None,
+        )
+        return self._reply(res, user_text)
+
+    def generate_batch(self, texts: list[str], deadline_s: float | None = None, **overrides: object) -> list[Reply]:
+        deadline = time.perf_counter() + deadline_s if deadline_s is not None else None
+        res = generate_blocks(
+            self.lm.logits_fn, [self._prompt(t) for t in texts], self.lm.special, self.options(deadline, **overrides)
+        )
+        return [self._reply(r, t) for r, t in zip(res, texts, strict=True)]
+
+    def redenoise(
+        self,
+        prev: Reply,
+        user_text: str,
+        history: list[tuple[str, str]] | tuple = (),
+        keep_threshold: float = 0.5,
+        deadline_s: float | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Reply:
+        """Warm start from ``prev`` for a changed prompt. One scoring pass with the new prompt
+        finds the positions that depend on the change (their argmax moved) and those that were
+        never confident; only those are re-masked and re-decoded."""
+        deadline = time.perf_counter() + deadline_s if deadline_s is not None else None
+        prompt = self._prompt(user_text, history)
+        sp = self.lm.special
+        block = list(prev.block)
+        ids = torch.tensor([prompt + block])
+        attn = torch.ones_like(ids)
+        with torch.no_grad():
+            probs = self.lm.logits_fn(ids, attn, len(prompt)).float().softmax(-1)[0]
+        top = probs.max(-1)
+        remask = []
+        for j, tok in enumerate(block):
+            if tok == sp.pad:
+                remask.append(True)
+                continue
+            p_tok = float(probs[j, tok])
+            moved = int(top.indices[j]) != tok
+            remask.append(moved or p_tok < keep_threshold or prev.confidence[j] < keep_threshold)
+        # an end token that moved frees everything after it
+        res = generate_block(
+            self.lm.logits_fn, prompt, sp, self.options(deadline), init_block=block, remask=remask,
+            should_stop=cancel.is_set if cancel else None,
+        )
+        return self._reply(res, user_text, remasked=sum(remask))
+
+    async def agenerate(
+        self, user_text: str, history: list[tuple[str, str]] | tuple = (), deadline_s: float | None = None,
+        prev: Reply | None = None,
+    ) -> Reply:
+        """Async and cancellable: cancelling the awaiting task stops the worker at the next
+        denoising pass (torch cannot be interrupted mid-pass)."""
+        cancel = threading.Event()
+        if prev is not None:
+            fut = asyncio.to_thread(self.redenoise, prev, user_text, history, 0.5, deadline_s, cancel)
+        else:
+            fut = asyncio.to_thread(self.generate, user_text, history, deadline_s, cancel)
+        try:
+            return await fut
+        finally:
+            cancel.set()

@@ -1,0 +1,83 @@
+"""The agent: engines loaded once, shared by every call session, plus the event bus."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from llm.responder import Responder
+from pipelines.config import AgentConfig
+from pipelines.events import EventBus
+from pipelines.session import CallSession, Engines
+from pipelines.transport import AudioOutput, Clock
+from voice.asr import WhisperEngine
+from voice.tts import PiperTTS
+
+log = logging.getLogger(__name__)
+
+
+def load_engines(cfg: AgentConfig) -> Engines:
+    """Blocking: loads Whisper, the diffusion LM and Piper, and warms each one up."""
+    import torch
+
+    # Each engine gets its own small thread pool: on 2 cores, spin-waiting OpenMP pools
+    # fighting each other were measured 25x slower (PITFALLS.md).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    torch.set_num_threads(cfg.llm.threads)
+    asr = WhisperEngine(cfg.asr)
+    responder = Responder.load(cfg.llm)
+    tts = PiperTTS(cfg.tts)
+    asr.warmup()
+    responder.generate("hello")
+    tts.synth("Hello.")
+    return Engines(asr=asr, responder=responder, tts=tts)
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig, engines: Engines) -> None:
+        self.cfg = cfg
+        self.engines = engines
+        self.bus = EventBus()
+        self.sessions: dict[str, CallSession] = {}
+
+    @classmethod
+    async def load(cls, cfg: AgentConfig | None = None) -> Agent:
+        cfg = cfg or AgentConfig()
+        engines = await asyncio.to_thread(load_engines, cfg)
+        return cls(cfg, engines)
+
+    @property
+    def asr_engine(self) -> WhisperEngine:
+        return self.engines.asr
+
+    @property
+    def responder(self) -> Responder:
+        return self.engines.responder
+
+    @property
+    def tts(self) -> PiperTTS:
+        return self.engines.tts
+
+    def new_session(
+        self, output: AudioOutput, clock: Clock, transport: str, session_id: str | None = None
+    ) -> CallSession:
+        session = _TrackedSession(self, output, clock, transport, session_id)
+        self.sessions[session.session_id] = session
+        return session
+
+
+class _TrackedSession(CallSession):
+    """A session that leaves the agent's registry when it closes."""
+
+    def __init__(
+        self, agent: Agent, output: AudioOutput, clock: Clock, transport: str, session_id: str | None
+    ) -> None:
+        super().__init__(agent.engines, agent.cfg, output, clock, agent.bus, transport, session_id)
+        self._agent = agent
+
+    async def close(self, reason: str = "completed") -> dict:
+        try:
+            return await super().close(reason)
+        finally:
+            self._agent.sessions.pop(self.session_id, None)

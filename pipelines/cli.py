@@ -1,0 +1,172 @@
+"""`voice-agent` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipelines.config import AgentConfig, ConfigError, load_config
+from voice.audio import AudioInputError
+
+# Modules that add their own subcommands through `register(subparsers)`.
+PLUGIN_COMMANDS = ("pipelines.report_view", "pipelines.serve_sip", "pipelines.serve_webrtc", "pipelines.serve_livekit")
+
+
+def apply_mqtt_url(cfg: AgentConfig, url: str | None) -> None:
+    """``--mqtt mqtt://HOST:PORT`` overrides the broker in the config."""
+    if not url:
+        return
+    from urllib.parse import urlparse
+
+    u = urlparse(url if "://" in url else f"mqtt://{url}")
+    if u.scheme not in ("mqtt", "mqtts") or not u.hostname:
+        raise ConfigError(f"--mqtt: expected mqtt://HOST:PORT, got {url!r}")
+    cfg.mqtt.host = u.hostname
+    cfg.mqtt.port = u.port or (8883 if u.scheme == "mqtts" else 1883)
+    cfg.mqtt.tls = u.scheme == "mqtts"
+    if u.username:
+        cfg.mqtt.username = u.username
+    if u.password:
+        cfg.mqtt.password = u.password
+
+
+def _inputs(paths: list[str]) -> list[Path]:
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out.extend(sorted(x for x in p.iterdir() if x.suffix.lower() in (".wav", ".flac", ".ogg")))
+        else:
+            out.append(p)
+    return out
+
+
+async def _replay(args: argparse.Namespace) -> int:
+    from pipelines.agent import Agent
+    from pipelines.replay import replay_file
+    from voice.audio import read_wav
+
+    cfg = load_config(args.config)
+    apply_mqtt_url(cfg, args.mqtt)
+    inputs = _inputs(args.inputs)
+    for p in inputs:  # reject bad input before loading any model
+        read_wav(p)
+    multi = len(inputs) > 1
+    agent = await Agent.load(cfg)
+    bridge = await _start_mqtt(agent, cfg)
+    reports: list[dict[str, Any]] = []
+    try:
+        progress = _progress(multi)
+        with progress:
+            task = progress.add_task("replaying", total=len(inputs))
+            for p in inputs:
+                out = Path(args.out) / f"{p.stem}.out.wav" if multi else Path(args.out)
+                rep = await replay_file(agent, p, out, fast=args.fast)
+                rep["call"]["config"] = cfg.model_dump(mode="json")
+                _write_json(Path(args.report) / f"{p.stem}.json" if multi else Path(args.report), rep)
+                reports.append(rep)
+                progress.advance(task)
+    finally:
+        if bridge is not None:
+            await bridge.close()
+    if multi:
+        from pipelines.report import summarize
+
+        all_turns = [t for r in reports for t in r["turns"]]
+        summary = {"calls": len(reports), **summarize(all_turns)}
+        _write_json(Path(args.report) / "summary.json", summary)
+        print(json.dumps(summary, indent=2))
+    else:
+        print(json.dumps(reports[0]["summary"], indent=2))
+    return 0
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2))
+
+
+def _progress(enabled: bool) -> Any:
+    from rich.progress import Progress
+
+    return Progress(disable=not enabled, transient=False)
+
+
+async def _start_mqtt(agent: Any, cfg: AgentConfig) -> Any:
+    if cfg.mqtt.host is None:
+        return None
+    try:
+        from pipelines.mqtt import start_mqtt
+    except ImportError:
+        return None
+    return await start_mqtt(agent, cfg.mqtt)
+
+
+def _run_replay(args: argparse.Namespace) -> int:
+    if len(_inputs(args.inputs)) > 1:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    return asyncio.run(_replay(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="voice-agent",
+        description="Low-latency voice agent: streaming Whisper ASR, a diffusion LM and Piper TTS.",
+    )
+    ap.add_argument("-v", "--verbose", action="store_true", help="log debug information")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    rp = sub.add_parser(
+        "replay",
+        help="replay a recorded call through the agent",
+        description="Replay recorded caller audio through the full pipeline (VAD, ASR, diffusion LM, TTS) and "
+        "write a two-channel OUT.wav aligned with the input (0: caller, 1: agent as heard) and a per-turn "
+        "latency report.",
+    )
+    rp.add_argument("inputs", nargs="+", metavar="IN.wav",
+                    help="caller audio: any rate (8/16/44.1/48 kHz), mono or stereo (mixed down); several files "
+                    "or a folder replay one call each, and then --out and --report name folders")
+    rp.add_argument("--out", required=True, metavar="OUT.wav", help="two-channel output WAV (or folder)")
+    rp.add_argument("--report", required=True, metavar="REPORT.json", help="per-turn report JSON (or folder)")
+    rp.add_argument("--config", metavar="config.yaml", help="configuration file (default: built-in defaults)")
+    rp.add_argument("--fast", action="store_true",
+                    help="feed frames as fast as the pipeline takes them (functional tests); default is real-time "
+                    "pace, 20 ms frames on a real clock, so latencies are what a caller gets")
+    rp.add_argument("--mqtt", metavar="mqtt://HOST:PORT", help="publish events to this MQTT broker")
+    rp.set_defaults(func=_run_replay)
+    for mod in PLUGIN_COMMANDS:
+        try:
+            module = importlib.import_module(mod)
+        except ImportError as exc:
+            logging.getLogger(__name__).debug("%s unavailable: %s", mod, exc)
+            continue
+        module.register(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        ap.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (AudioInputError, ConfigError) as exc:
+        print(f"voice-agent: error: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
+        print(f"voice-agent: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""End-of-turn prediction: how much silence to wait before the caller's turn is over.
+
+A fixed silence timeout is either slow (0.5 s in most frameworks) or cuts people off when
+they pause mid-sentence. Here the wait depends on how complete the transcript looks:
+
+- ends with terminal punctuation or a complete-sounding word: ``min_silence_ms``;
+- ends with a function word, a filler or a comma ("for", "the", "and", "um", ","):
+  ``incomplete_silence_ms``;
+- no hypothesis yet: halfway between;
+- the caller's own pause history stretches the waits when they often pause and go on
+  (``adapt_to_caller``), bounded by ``max_silence_ms``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from pipelines.config import TurnConfig
+
+# Words after which an English sentence almost never ends.
+INCOMPLETE_WORDS = frozenset(
+    """a an the and or but so because if for of to in on at by with from as than that which who whose
+    whom where when while my your his her their our its is are was were be been am i you we they he she
+    it this these those um uh er erm hmm like just very really gonna wanna would could should will can
+    about into onto over under after before since until unless though although whether not no also
+    then maybe um-hmm mm let me""".split()
+)
+_WORD = re.compile(r"[A-Za-z'-]+")
+
+
+def completeness(text: str) -> float:
+    """0 = clearly unfinished, 1 = looks finished, 0.5 = no evidence."""
+    t = text.strip()
+    if not t:
+        return 0.5
+    if t.endswith(("...", "…", ",", ";", ":", "-", "—")):
+        return 0.0
+    words = _WORD.findall(t.lower())
+    if words and words[-1] in INCOMPLETE_WORDS:
+        return 0.1
+    if t.endswith((".", "?", "!")):
+        return 1.0
+    return 0.7
+
+
+@dataclass
+class Endpointer:
+    cfg: TurnConfig
+    # pauses (ms) after which this caller went on speaking, most recent last
+    resumed_pauses: list[float] = field(default_factory=list)
+
+    def required_silence_ms(self, text: str | None) -> float:
+        c = completeness(text or "")
+        lo, hi = self.cfg.min_silence_ms, self.cfg.incomplete_silence_ms
+        wait = hi - c * (hi - lo)
+        if self.cfg.adapt_to_caller and self.resumed_pauses and c >= 0.7:
+            # a caller who keeps pausing briefly and going on gets a little more room
+            recent = sorted(self.resumed_pauses[-8:])
+            p75 = recent[int(0.75 * (len(recent) - 1))]
+            wait = max(wait, min(p75 + 40.0, 0.5 * (lo + hi)))
+        return min(wait, float(self.cfg.max_silence_ms))
+
+    def caller_resumed_after(self, pause_ms: float) -> None:
+        """The caller went on speaking after ``pause_ms`` of silence (not a turn end)."""
+        if pause_ms > 0:
+            self.resumed_pauses.append(pause_ms)

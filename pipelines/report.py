@@ -1,0 +1,75 @@
+"""Per-turn records and the call report (REPORT.json)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+STAGES = ("vad_endpoint", "asr_final", "llm_block", "tts_first_audio", "output")
+
+
+@dataclass
+class TurnRecord:
+    index: int
+    user_speech_start_s: float
+    user_speech_end_s: float = 0.0
+    transcript: str = ""
+    partials: list[dict[str, Any]] = field(default_factory=list)
+    response: str = ""
+    heard_response: str = ""
+    agent_audio_start_s: float | None = None
+    agent_audio_end_s: float | None = None
+    gap_ms: float | None = None
+    interrupted: bool = False
+    speculation: dict[str, Any] = field(default_factory=lambda: {"used": False, "hit": False, "started": [],
+                                                                  "wasted_ms": 0.0})
+    endpoint: dict[str, Any] = field(default_factory=dict)
+    stages: dict[str, float] = field(default_factory=dict)
+    llm_step_times_s: list[float] = field(default_factory=list)
+    first_audio: str = "content"  # or "fallback"
+    first_content_audio_s: float | None = None
+    violations: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("user_speech_start_s", "user_speech_end_s", "agent_audio_start_s", "agent_audio_end_s",
+                  "first_content_audio_s"):
+            if d[k] is not None:
+                d[k] = round(d[k], 3)
+        if d["gap_ms"] is not None:
+            d["gap_ms"] = round(d["gap_ms"], 1)
+        d["stages"] = {k: (round(v, 1) if isinstance(v, float) else v) for k, v in d["stages"].items()}
+        return d
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def summarize(turns: list[dict[str, Any]]) -> dict[str, Any]:
+    gaps = [t["gap_ms"] for t in turns if t.get("gap_ms") is not None]
+    spec = [t["speculation"] for t in turns if t["speculation"].get("used")]
+    hits = sum(1 for s in spec if s.get("hit"))
+    stage_medians = {}
+    for s in (*STAGES, "llm_steps"):
+        vals = [t["stages"][s] for t in turns if s in t.get("stages", {})]
+        if vals:
+            stage_medians[s] = round(float(np.median(vals)), 1)
+    return {
+        "turns": len(turns),
+        "answered": sum(1 for t in turns if t.get("agent_audio_start_s") is not None),
+        "gap_p50_ms": _r(percentile(gaps, 50)),
+        "gap_p95_ms": _r(percentile(gaps, 95)),
+        "violations": sum(len(t.get("violations", [])) for t in turns),
+        "interrupted": sum(1 for t in turns if t.get("interrupted")),
+        "speculation_hit_rate": round(hits / len(spec), 3) if spec else None,
+        "speculation_wasted_ms": round(sum(t["speculation"].get("wasted_ms", 0.0) for t in turns), 1),
+        "fallbacks": sum(1 for t in turns if t.get("first_audio") == "fallback"),
+        "stage_p50_ms": stage_medians,
+    }
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)

@@ -1,0 +1,538 @@
+"""One caller's conversation: caller audio in, agent audio out, events on the bus.
+
+Data flows one way: transport → VAD → ASR → turn logic → LLM → TTS → AudioOutput. The
+session owns the turn logic (endpointing, speculation, barge-in, budgets); engines are
+shared across sessions and run in worker threads, so the event loop never blocks.
+
+Timeline of a turn (all times on the call timeline):
+
+    caller speech ─────┐ last voiced frame (user_speech_end_s)
+                       ├─ pause: speculation starts (ASR → LLM block → first clause audio)
+                       ├─ endpoint decision (silence ≥ required by the endpointer)
+                       └─ reply plays: prepared audio if the speculation hit, else regenerated
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import deque
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llm.responder import Reply, Responder
+from pipelines.config import AgentConfig, BudgetConfig, ConfigError
+from pipelines.endpointing import Endpointer
+from pipelines.events import (
+    Dtmf,
+    EndpointDecision,
+    EventBus,
+    Interrupt,
+    Partial,
+    SessionEnd,
+    SessionStart,
+    SpeculationStarted,
+    SpeechEnd,
+    SpeechStart,
+    TurnCompleted,
+    Violation,
+)
+from pipelines.report import TurnRecord, summarize
+from pipelines.speculation import Speculation, run_chain, same_words
+from pipelines.transport import AudioClock, AudioOutput, Clock
+from voice.asr import StreamingASR, WhisperEngine, normalize_words
+from voice.audio import AudioFrame, StreamResampler, resample
+from voice.tts import PiperTTS
+from voice.vad import VadSegmenter, WebRtcVad
+
+log = logging.getLogger(__name__)
+ASR_RATE = 16000
+
+
+@dataclass
+class Engines:
+    """Models shared by every session of an agent."""
+
+    asr: WhisperEngine
+    responder: Responder
+    tts: PiperTTS
+
+
+class CallSession:
+    def __init__(
+        self,
+        engines: Engines,
+        cfg: AgentConfig,
+        output: AudioOutput,
+        clock: Clock,
+        bus: EventBus,
+        transport: str = "replay",
+        session_id: str | None = None,
+    ) -> None:
+        self.engines = engines
+        self.cfg = cfg
+        self.budgets = cfg.budgets.model_copy()
+        self.output = output
+        self.clock = clock
+        self.bus = bus
+        self.transport = transport
+        self.session_id = session_id or uuid.uuid4().hex[:12]
+        self.hangup_requested = asyncio.Event()
+        self.muted = False
+        self.closed = False
+
+        vad = WebRtcVad(cfg.vad.aggressiveness, ASR_RATE, cfg.vad.frame_ms)
+        self.vad = VadSegmenter(vad, cfg.vad.start_ms, cfg.vad.stop_ms)
+        self.asr = StreamingASR(engines.asr.transcribe)
+        self.endpointer = Endpointer(cfg.turn)
+        self._resamplers: dict[int, StreamResampler] = {}
+        self._preroll: deque[np.ndarray] = deque(maxlen=max(1, 200 // cfg.audio.frame_ms))
+        self._pause_buf: list[np.ndarray] = []
+        self._audio_t = 0.0  # end of caller audio received, call time
+
+        self.turns: list[TurnRecord] = []
+        self.history: list[tuple[str, str]] = []
+        self.dtmf: list[dict[str, Any]] = []
+        self.said: list[dict[str, Any]] = []
+        self.utt: TurnRecord | None = None  # the caller turn being spoken or answered
+        self._in_pause = False
+        self._committed = False
+        self._speech_run_start: float | None = None
+        self._started_over_agent = False
+        self._last_partial_samples = 0
+        self._partial_task: asyncio.Task[None] | None = None
+        self._specs: list[Speculation] = []
+        self._responding: asyncio.Task[None] | None = None
+        self._playing: TurnRecord | None = None
+        self._bg: set[asyncio.Task[Any]] = set()
+        self.wasted_s = 0.0
+        self.cutoffs_recovered = 0
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        self.bus.emit(SessionStart(self.session_id, self.clock.now(), transport=self.transport))
+
+    async def close(self, reason: str = "completed") -> dict[str, Any]:
+        if not self.closed:
+            self.closed = True
+            await self.idle()
+            for s in self._specs:
+                self.wasted_s += s.cancel()
+            self._specs.clear()
+            if self.utt is not None and self.utt not in self.turns and self.utt.transcript:
+                self.turns.append(self.utt)
+            self.bus.emit(SessionEnd(self.session_id, self.clock.now(), reason=reason, turns=len(self.turns)))
+        return self.report()
+
+    async def idle(self) -> None:
+        """Wait until no work is in flight (used by ``--fast`` replay: compute is free)."""
+        while True:
+            pending = [t for t in self._bg if not t.done()]
+            if self._responding is not None and not self._responding.done():
+                pending.append(self._responding)
+            if not pending:
+                return
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    def report(self) -> dict[str, Any]:
+        turns = [t.to_dict() for t in self.turns]
+        summary = summarize(turns)
+        summary["speculation_wasted_ms"] = round(self.wasted_s * 1000, 1)
+        summary["cutoffs_recovered"] = self.cutoffs_recovered
+        return {
+            "call": {"session_id": self.session_id, "transport": self.transport,
+                     "duration_s": round(self._audio_t, 3)},
+            "turns": turns,
+            "dtmf": self.dtmf,
+            "said": self.said,
+            "summary": summary,
+        }
+
+    # ---------------------------------------------------------------- control
+
+    def push_dtmf(self, digit: str, duration_ms: int = 0) -> None:
+        t = self.clock.now()
+        self.dtmf.append({"t": round(t, 3), "digit": digit, "duration_ms": duration_ms})
+        self.bus.emit(Dtmf(self.session_id, t, digit=digit, duration_ms=duration_ms))
+
+    def set_muted(self, muted: bool) -> None:
+        self.muted = muted
+        if muted:
+            self.output.interrupt()
+
+    def update_budgets(self, values: dict[str, Any]) -> None:
+        merged = {**self.budgets.model_dump(), **values}
+        try:
+            self.budgets = BudgetConfig.model_validate(merged)
+        except Exception as exc:
+            raise ConfigError(f"invalid budgets: {exc}") from None
+
+    async def say(self, text: str) -> None:
+        """Speak ``text`` now, outside any caller turn (operator control)."""
+        t = self.clock.now()
+        self.output.begin_turn(-1)
+        start = None
+        for part in self.engines.tts.split(text):
+            pcm = await asyncio.to_thread(self.engines.tts.synth, part)
+            s = self._play(pcm)
+            start = s if start is None else start
+        self.said.append({"t": round(t, 3), "text": text, "audio_start_s": None if start is None else round(start, 3)})
+
+    # ---------------------------------------------------------------- audio in
+
+    async def push_audio(self, frame: AudioFrame) -> None:
+        if self.closed:
+            return
+        if frame.sample_rate != ASR_RATE:
+            rs = self._resamplers.get(frame.sample_rate)
+            if rs is None:
+                rs = self._resamplers[frame.sample_rate] = StreamResampler(frame.sample_rate, ASR_RATE)
+            pcm = rs.process(frame.pcm)
+        else:
+            pcm = frame.pcm
+        self._audio_t = frame.end
+        if isinstance(self.clock, AudioClock):
+            self.clock.t = frame.end
+        if len(pcm) == 0:
+            return
+        f16 = AudioFrame(pcm, ASR_RATE, frame.timestamp)
+        for ev in self.vad.process(f16):
+            if ev.kind == "start":
+                self._on_speech_start(ev.t)
+            elif ev.kind == "voiced":
+                self._on_voiced(ev.t)
+            elif ev.kind == "pause":
+                self._on_pause(ev.t)
+        if self.utt is not None and not self._committed:
+            if self._in_pause:
+                # Silence after a pause stays out of the ASR buffer, so the hypothesis started
+                # at the pause still covers all the turn's audio; it goes in if speech resumes.
+                self._pause_buf.append(pcm)
+            else:
+                for p in self._pause_buf:
+                    self.asr.insert_audio(p)
+                self._pause_buf.clear()
+                self.asr.insert_audio(pcm)
+            self._maybe_partial()
+            self._maybe_endpoint()
+        else:
+            self._preroll.append(pcm)
+
+    # ---------------------------------------------------------------- turn logic
+
+    def _agent_audible(self) -> bool:
+        return self._playing is not None and self.clock.now() < self.output.busy_until()
+
+    def _on_speech_start(self, t: float) -> None:
+        self.bus.emit(SpeechStart(self.session_id, t))
+        self._speech_run_start = t
+        if self.utt is not None and self._committed and not self._reply_audible():
+            # The caller went on before our reply was heard: the endpoint was premature.
+            # Take the reply back and continue the same turn.
+            self._cancel_response()
+            self.turns = [x for x in self.turns if x is not self.utt]
+            self._committed = False
+            self.cutoffs_recovered += 1
+            self.endpointer.caller_resumed_after((t - self.utt.user_speech_end_s) * 1000)
+            self._in_pause = False
+            return
+        if self.utt is not None and not self._committed:
+            return  # VAD hysteresis restarted inside the same turn
+        self._started_over_agent = self._agent_audible()
+        self.utt = TurnRecord(index=len(self.turns), user_speech_start_s=t)
+        self._committed = False
+        self._in_pause = False
+        self._last_partial_samples = 0
+        self._specs.clear()
+        self._pause_buf.clear()
+        preroll = list(self._preroll)
+        self._preroll.clear()
+        pre_s = sum(len(p) for p in preroll) / ASR_RATE
+        self.asr.reset(t - pre_s)
+        for p in preroll:
+            self.asr.insert_audio(p)
+
+    def _reply_audible(self) -> bool:
+        return self._playing is self.utt and self.utt is not None and self.utt.agent_audio_start_s is not None \
+            and self.clock.now() >= self.utt.agent_audio_start_s
+
+    def _on_voiced(self, t: float) -> None:
+        if self.utt is None:
+            return
+        if self._in_pause and not self._committed:
+            self.endpointer.caller_resumed_after((t - 0.02 - self.utt.user_speech_end_s) * 1000)
+            self._in_pause = False
+        if not self._committed:
+            self.utt.user_speech_end_s = t
+        run = t - (self._speech_run_start if self._speech_run_start is not None else t)
+        if self.cfg.turn.barge_in and self._agent_audible() and self._playing is not self.utt:
+            if run * 1000 >= self.cfg.turn.barge_in_min_ms:
+                self._barge_in(t)
+
+    def _on_pause(self, t: float) -> None:
+        self._speech_run_start = None
+        if self.utt is None or self._committed:
+            return
+        self.bus.emit(SpeechEnd(self.session_id, t))
+        self.utt.user_speech_end_s = t
+        self._in_pause = True
+        if self._started_over_agent and (t - self.utt.user_speech_start_s) * 1000 < self.cfg.turn.barge_in_min_ms:
+            # a short "uh-huh" over the agent is a backchannel, not a turn
+            self.utt = None
+            return
+        self._speculate()
+
+    def _maybe_partial(self) -> None:
+        busy = self._partial_task is not None and not self._partial_task.done()
+        spec_busy = any(not s.asr.done() for s in self._specs)
+        n = int(self.asr.duration * ASR_RATE)
+        if busy or spec_busy or n - self._last_partial_samples < self.cfg.asr.partial_interval_ms * 16:
+            return
+        self._last_partial_samples = n
+        self._partial_task = self._spawn(self._partial())
+
+    async def _partial(self) -> None:
+        utt = self.utt
+        upd = await self.asr.process_iter()
+        if utt is None or utt is not self.utt or not upd.partial:
+            return
+        t = self.clock.now()
+        utt.partials.append({"t": round(t, 3), "text": upd.partial, "stable": upd.stable})
+        self.bus.emit(Partial(self.session_id, t, text=upd.partial, stable=upd.stable))
+
+    def _speculate(self) -> None:
+        if self.utt is None:
+            return
+        live = [s for s in self._specs if not s.done]
+        if not self.cfg.turn.speculation:
+            # still compute the hypothesis at the pause: the endpointer needs it
+            if not live:
+                self._specs.append(self._new_spec(chain=False))
+            return
+        if len(live) >= max(1, self.cfg.turn.max_speculations):
+            oldest = live[0]
+            self.wasted_s += oldest.cancel()
+            self._specs.remove(oldest)
+        self._specs.append(self._new_spec(chain=True))
+
+    def _new_spec(self, chain: bool) -> Speculation:
+        n = int(self.asr.duration * ASR_RATE)
+        utt = self.utt
+        assert utt is not None
+
+        async def hypothesis() -> str:
+            upd = await self.asr.process_iter()
+            if upd.partial and utt is self.utt:
+                t = self.clock.now()
+                utt.partials.append({"t": round(t, 3), "text": upd.partial, "stable": upd.stable})
+                self.bus.emit(Partial(self.session_id, t, text=upd.partial, stable=upd.stable))
+            return upd.partial
+
+        spec = Speculation(samples=n, started_t=self.clock.now(), asr=asyncio.ensure_future(hypothesis()))
+        self._bg.add(spec.asr)
+        spec.asr.add_done_callback(self._bg.discard)
+        if chain:
+            utt.speculation["started"].append({"t": round(spec.started_t, 3)})
+            self.bus.emit(SpeculationStarted(self.session_id, spec.started_t))
+            history = list(self.history)
+            self._spawn(run_chain(spec, lambda text: self._llm(text, history, speculative=True), self._first_audio))
+        return spec
+
+    def _hypothesis_now(self) -> str | None:
+        """The latest hypothesis that covers all the audio of the current turn."""
+        n = int(self.asr.duration * ASR_RATE)
+        for s in reversed(self._specs):
+            if s.samples == n and s.asr.done() and not s.asr.cancelled():
+                return s.asr.result()
+        return self.asr.peek_cached()
+
+    def _maybe_endpoint(self) -> None:
+        if self.utt is None or self._committed or not self._in_pause:
+            return
+        silence_ms = (self._audio_t - self.utt.user_speech_end_s) * 1000
+        text = self._hypothesis_now()
+        required = self.endpointer.required_silence_ms(text)
+        if silence_ms >= required:
+            reason = "max" if required >= self.cfg.turn.max_silence_ms else (
+                "no-hypothesis" if text is None else "complete" if required <= self.cfg.turn.min_silence_ms
+                else "incomplete-wait")
+            self._commit(silence_ms, reason)
+
+    def _commit(self, silence_ms: float, reason: str) -> None:
+        utt = self.utt
+        assert utt is not None
+        self._committed = True
+        t = self.clock.now()
+        utt.endpoint = {"t": round(t, 3), "silence_ms": round(silence_ms, 1), "reason": reason}
+        self.bus.emit(EndpointDecision(self.session_id, t, silence_ms=silence_ms, reason=reason))
+        self.turns.append(utt)
+        self._responding = asyncio.ensure_future(self._respond(utt, t))
+
+    # ---------------------------------------------------------------- reply
+
+    async def _llm(self, text: str, history: list[tuple[str, str]], speculative: bool) -> Reply | None:
+        # Speculative work happens before the turn ends, so it gets a longer deadline than the
+        # committed path's budget: it is still bounded, and it is cancellable.
+        budget_s = self.budgets.llm_block_ms / 1000.0
+        deadline = budget_s * 4 if speculative else budget_s
+        return await self.engines.responder.agenerate(text, history, deadline_s=max(deadline, 0.005))
+
+    async def _first_audio(self, reply_text: str) -> tuple[str, np.ndarray] | None:
+        parts = self.engines.tts.split(reply_text)
+        if not parts:
+            return None
+        return parts[0], await asyncio.to_thread(self.engines.tts.synth, parts[0])
+
+    def _matching_spec(self, n_samples: int, text: str | None) -> Speculation | None:
+        for s in reversed(self._specs):
+            if s.samples == n_samples and not s.asr.cancelled():
+                return s
+        if text is not None:
+            for s in reversed(self._specs):
+                if s.text is not None and same_words(s.text, text) and s.reply is not None:
+                    return s
+        return None
+
+    async def _respond(self, utt: TurnRecord, t_commit: float) -> None:
+        try:
+            await self._respond_inner(utt, t_commit)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # one bad turn must not end the call
+            log.exception("session %s: turn %d failed", self.session_id, utt.index)
+
+    async def _respond_inner(self, utt: TurnRecord, t_commit: float) -> None:
+        n = int(self.asr.duration * ASR_RATE)
+        # 1. final transcript: the hypothesis of exactly this audio, if one was started
+        spec = self._matching_spec(n, None)
+        if spec is not None and spec.samples == n:
+            text = await spec.asr
+        else:
+            text = (await self.asr.finish()).partial
+        t_asr = self.clock.now()
+        utt.transcript = text.strip()
+        if not normalize_words(utt.transcript):  # noise, a breath, or Whisper's lone "."
+            self.turns = [x for x in self.turns if x is not utt]
+            if self.utt is utt:
+                self.utt = None
+            return
+        # 2. reply block: reuse a speculation on the same words, else regenerate
+        spec = self._matching_spec(-1, utt.transcript)
+        hit = spec is not None and spec.reply is not None and not spec.reply.cancelled()
+        used = [s for s in self._specs if s.reply is not None or s.first_audio is not None]
+        utt.speculation["used"] = bool(used) or hit
+        utt.speculation["hit"] = hit
+        reply: Reply | None = None
+        if hit:
+            assert spec is not None and spec.reply is not None
+            reply = await spec.reply
+        for s in self._specs:
+            if s is not spec:
+                w = s.cancel()
+                self.wasted_s += w
+                utt.speculation["wasted_ms"] = round(utt.speculation["wasted_ms"] + w * 1000, 1)
+        self._specs = [spec] if spec is not None else []
+        if reply is None:
+            reply = await self._llm(utt.transcript, list(self.history), speculative=False)
+        t_llm = self.clock.now()
+        if reply is None or not reply.text:
+            return
+        utt.response = reply.text
+        utt.heard_response = reply.text
+        utt.stages["llm_steps"] = reply.stats.steps
+        utt.llm_step_times_s = [round(x, 4) for x in reply.stats.step_times]
+        # 3. first clause of audio
+        parts = self.engines.tts.split(reply.text)
+        first: np.ndarray | None = None
+        if hit and spec is not None and spec.first_audio is not None and spec.first_part == (parts[0] if parts else ""):
+            first = await spec.first_audio
+        if first is None and parts:
+            first = await asyncio.to_thread(self.engines.tts.synth, parts[0])
+        t_tts = self.clock.now()
+        # 4. play
+        self._playing = utt
+        self.output.begin_turn(utt.index)
+        t_out = self.clock.now()
+        start = self._play(first) if first is not None else None
+        if start is None:
+            return
+        utt.agent_audio_start_s = start
+        utt.first_content_audio_s = start
+        utt.gap_ms = (start - utt.user_speech_end_s) * 1000
+        utt.stages.update({
+            "vad_endpoint": (t_commit - utt.user_speech_end_s) * 1000,
+            "asr_final": (t_asr - t_commit) * 1000,
+            "llm_block": (t_llm - t_asr) * 1000,
+            "tts_first_audio": (t_tts - t_llm) * 1000,
+            "output": (start - t_out) * 1000,
+        })
+        self._check_budgets(utt)
+        self.history.append((utt.transcript, reply.text))
+        # the rest of the reply, clause by clause; cancellation (barge-in) stops it here
+        for part in parts[1:]:
+            pcm = await asyncio.to_thread(self.engines.tts.synth, part)
+            if self._playing is not utt:
+                break
+            self._play(pcm)
+        utt.agent_audio_end_s = self.output.busy_until()
+        self.bus.emit(TurnCompleted(self.session_id, self.clock.now(), report=utt.to_dict()))
+        if self.utt is utt:
+            self.utt = None
+
+    def _play(self, pcm: np.ndarray) -> float | None:
+        if self.muted or len(pcm) == 0:
+            return None
+        out = resample(pcm, self.engines.tts.sample_rate, self.output.sample_rate)
+        return self.output.play(out)
+
+    def _check_budgets(self, utt: TurnRecord) -> None:
+        b = self.budgets
+        limits = {"vad_endpoint": b.endpoint_ms, "asr_final": b.asr_final_ms, "llm_block": b.llm_block_ms,
+                  "tts_first_audio": b.tts_first_audio_ms, "output": b.output_ms}
+        for stage, budget in limits.items():
+            actual = utt.stages.get(stage, 0.0)
+            if actual > budget:
+                v = {"stage": stage, "budget_ms": budget, "actual_ms": round(actual, 1),
+                     "over_ms": round(actual - budget, 1)}
+                utt.violations.append(v)
+                self.bus.emit(Violation(self.session_id, self.clock.now(), turn=utt.index, **v))
+
+    def _barge_in(self, t: float) -> None:
+        turn = self._playing
+        if turn is None:
+            return
+        heard_s = self.output.interrupt()
+        self._cancel_response()
+        self._playing = None
+        turn.interrupted = True
+        total_s = (turn.agent_audio_end_s or self.output.busy_until()) - (turn.agent_audio_start_s or t)
+        words = turn.response.split()
+        frac = 1.0 if total_s <= 0 else min(1.0, heard_s / max(total_s, 1e-3))
+        turn.heard_response = " ".join(words[: int(round(frac * len(words)))])
+        turn.agent_audio_end_s = t
+        # the history keeps only what the caller heard
+        if self.history and self.history[-1][0] == turn.transcript:
+            self.history[-1] = (turn.transcript, turn.heard_response)
+        self.bus.emit(Interrupt(self.session_id, t, turn=turn.index, heard_text=turn.heard_response))
+
+    def _cancel_response(self) -> None:
+        if self._responding is not None and not self._responding.done():
+            self._responding.cancel()
+        self._responding = None
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+        task.add_done_callback(_log_failure)
+        return task
+
+
+def _log_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background task failed: %r", task.exception())

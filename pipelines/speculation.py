@@ -1,0 +1,75 @@
+"""A speculative turn: work started on a partial transcript before the caller has finished.
+
+At each pause the session snapshots the caller's audio and starts, in order: the ASR
+hypothesis of exactly that audio, a reply block for it, and the first clause of the reply as
+audio. If the turn then commits with the same audio (no further speech) or the same
+normalised transcript, all of it is reused and the reply can play at once. Otherwise it is
+cancelled; its compute is counted as waste. Speculative replies never enter the history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from llm.responder import Reply
+from voice.asr import normalize_words
+
+
+def same_words(a: str, b: str) -> bool:
+    return normalize_words(a) == normalize_words(b)
+
+
+@dataclass
+class Speculation:
+    samples: int  # caller audio (16 kHz samples) the hypothesis covers
+    started_t: float  # call time
+    asr: asyncio.Task[str]
+    reply: asyncio.Task[Reply | None] | None = None
+    first_audio: asyncio.Task[np.ndarray | None] | None = None
+    first_part: str = ""
+    compute_s: float = 0.0
+    text: str | None = None
+    _t0: float = field(default_factory=time.perf_counter)
+
+    def cancel(self) -> float:
+        """Cancel whatever is still running; returns the wall seconds this speculation used."""
+        for t in (self.asr, self.reply, self.first_audio):
+            if t is not None and not t.done():
+                t.cancel()
+        return time.perf_counter() - self._t0
+
+    @property
+    def done(self) -> bool:
+        tasks = [t for t in (self.asr, self.reply, self.first_audio) if t is not None]
+        return all(t.done() for t in tasks)
+
+
+async def run_chain(
+    spec: Speculation,
+    make_reply: Callable[[str], Awaitable[Reply | None]],
+    make_first_audio: Callable[[str], Awaitable[tuple[str, np.ndarray] | None]],
+) -> None:
+    """ASR text -> reply -> first clause audio, each step a task others can await."""
+    text = await spec.asr
+    spec.text = text
+    if not text.strip():
+        return
+    spec.reply = asyncio.ensure_future(make_reply(text))
+    reply = await spec.reply
+    if reply is None or not reply.text:
+        return
+
+    async def first() -> np.ndarray | None:
+        out = await make_first_audio(reply.text)
+        if out is None:
+            return None
+        spec.first_part = out[0]
+        return out[1]
+
+    spec.first_audio = asyncio.ensure_future(first())
+    await spec.first_audio

