@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pad-weight", type=float, default=0.1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--max-steps", type=int, help="stop after this many optimizer steps (to match another run)")
     ap.add_argument("--init", type=Path, help="continue from the weights in this directory")
     ap.add_argument("--checkpoint-minutes", type=float, default=10.0)
     args = ap.parse_args(argv)
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     model.train()
     while True:
         elapsed = time.monotonic() - start
-        if elapsed >= budget:
+        if elapsed >= budget or (args.max_steps is not None and step >= args.max_steps):
             break
         if len(order) < args.batch:
             order = list(range(len(data)))
@@ -172,7 +173,8 @@ def main(argv: list[str] | None = None) -> None:
             epoch += 1
         items = [data[order.pop()] for _ in range(args.batch)]
         for g in opt.param_groups:
-            g["lr"] = lr_at(elapsed / budget, step, args.lr, warmup=200)
+            frac = max(elapsed / budget, step / args.max_steps if args.max_steps else 0.0)
+            g["lr"] = lr_at(frac, step, args.lr, warmup=200)
         if args.arch == "mdlm":
             batch = mdlm_batch(tok, items, gen, args.pad_weight)
             loss = mdlm_loss(model, batch, float(sum(len(it.reply) for it in items)))

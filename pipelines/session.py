@@ -72,6 +72,7 @@ class CallSession:
         bus: EventBus,
         transport: str = "replay",
         session_id: str | None = None,
+        vad: VadSegmenter | None = None,
     ) -> None:
         self.engines = engines
         self.cfg = cfg
@@ -85,8 +86,10 @@ class CallSession:
         self.muted = False
         self.closed = False
 
-        vad = WebRtcVad(cfg.vad.aggressiveness, ASR_RATE, cfg.vad.frame_ms)
-        self.vad = VadSegmenter(vad, cfg.vad.start_ms, cfg.vad.stop_ms)
+        if vad is None:
+            vad = VadSegmenter(WebRtcVad(cfg.vad.aggressiveness, ASR_RATE, cfg.vad.frame_ms),
+                               cfg.vad.start_ms, cfg.vad.stop_ms)
+        self.vad = vad
         self.asr = StreamingASR(engines.asr.transcribe)
         self.endpointer = Endpointer(cfg.turn)
         self._resamplers: dict[int, StreamResampler] = {}
@@ -197,7 +200,7 @@ class CallSession:
             pcm = frame.pcm
         self._audio_t = frame.end
         if isinstance(self.clock, AudioClock):
-            self.clock.t = frame.end
+            self.clock.t = max(self.clock.t, frame.end)
         if len(pcm) == 0:
             return
         f16 = AudioFrame(pcm, ASR_RATE, frame.timestamp)

@@ -1,0 +1,137 @@
+"""End-to-end replay of calls built from real recorded speech, through the real models."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from pipelines.replay import replay_pcm, write_two_channel
+from tests import speech
+from tests.wer import wer
+from voice.audio import read_wav
+
+RATE = 16000
+
+
+def build_call(clips: list[speech.Clip], gap_s: float = 3.0, rate: int = RATE) -> tuple[np.ndarray, list[tuple]]:
+    parts = [np.zeros(int(1.0 * rate), np.int16)]
+    bounds, t = [], 1.0
+    for c in clips:
+        pcm, _ = read_wav(c.path, rate)
+        parts += [pcm, np.zeros(int(gap_s * rate), np.int16)]
+        bounds.append((t, t + len(pcm) / rate, c.text))
+        t += len(pcm) / rate + gap_s
+    return np.concatenate(parts), bounds
+
+
+def _clips() -> list[speech.Clip]:
+    lv = speech.librivox()
+    return [lv[1], lv[4], lv[2]]
+
+
+@pytest.mark.slow
+async def test_multi_turn_call_fast_mode(agent, tmp_path) -> None:
+    pcm, bounds = build_call(_clips())
+    report, track = await replay_pcm(agent, pcm, RATE, fast=True)
+    turns = report["turns"]
+    # one reply per caller turn, and the turns match the utterances
+    assert len(turns) == len(bounds), [t["transcript"] for t in turns]
+    for turn, (lo, hi, ref) in zip(turns, bounds, strict=True):
+        assert abs(turn["user_speech_start_s"] - lo) < 0.4
+        assert abs(turn["user_speech_end_s"] - hi) < 0.5
+        assert wer(ref, turn["transcript"]) <= 0.35, turn["transcript"]
+        assert turn["response"] and turn["agent_audio_start_s"] is not None
+        assert turn["gap_ms"] == pytest.approx((turn["agent_audio_start_s"] - turn["user_speech_end_s"]) * 1000, abs=1)
+        assert set(turn["stages"]) >= {"vad_endpoint", "asr_final", "llm_block", "llm_steps", "tts_first_audio",
+                                       "output"}
+    assert report["summary"]["answered"] == len(bounds)
+    # no agent audio overlaps caller speech
+    voiced = np.nonzero(np.abs(track.astype(np.int32)) > 64)[0] / RATE
+    for lo, hi, _ in bounds:
+        assert not np.any((voiced > lo + 0.05) & (voiced < hi - 0.05)), "agent spoke over the caller"
+    # each reply is speech that starts after its turn and ends before the next one
+    for turn in turns:
+        a, b = turn["agent_audio_start_s"], turn["agent_audio_end_s"]
+        seg = track[int(a * RATE) : int(b * RATE)]
+        assert len(seg) > RATE * 0.2 and np.sqrt(np.mean(seg.astype(np.float64) ** 2)) > 300
+    out = tmp_path / "out.wav"
+    write_two_channel(out, pcm, track, RATE)
+    data, rate = sf.read(out, dtype="int16")
+    assert rate == RATE and data.shape[1] == 2
+    assert np.array_equal(data[: len(pcm), 0], pcm)  # the caller channel is the input, sample-aligned
+
+
+@pytest.mark.slow
+async def test_realtime_and_fast_modes_give_the_same_transcripts(agent) -> None:
+    lv = speech.librivox()
+    pcm, bounds = build_call([lv[1], lv[4]], gap_s=2.5)
+    fast, _ = await replay_pcm(agent, pcm, RATE, fast=True)
+    real, _ = await replay_pcm(agent, pcm, RATE, fast=False)
+    assert [t["transcript"] for t in fast["turns"]] == [t["transcript"] for t in real["turns"]]
+    assert all(t["gap_ms"] is not None and t["gap_ms"] > 0 for t in real["turns"])
+
+
+@pytest.mark.slow
+async def test_8khz_input_is_replayed_and_aligned(agent) -> None:
+    pcm8, rate = read_wav(speech.hello_8k())
+    pcm = np.concatenate([np.zeros(8000, np.int16), pcm8, np.zeros(8000 * 3, np.int16)])
+    report, track = await replay_pcm(agent, pcm, 8000, fast=True)
+    assert report["turns"] and report["turns"][0]["transcript"]
+    assert len(track) >= len(pcm)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], capture_output=True, text=True, timeout=400)
+
+
+def _zero_channel_wav(path) -> None:
+    fmt = struct.pack("<HHIIHH", 1, 0, 16000, 0, 0, 16)
+    body = b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", 0)
+    path.write_bytes(b"RIFF" + struct.pack("<I", 4 + len(body)) + b"WAVE" + body)
+
+
+def test_cli_bad_inputs_get_one_line_errors(tmp_path) -> None:
+    empty = tmp_path / "empty.wav"
+    empty.write_bytes(b"")
+    text = tmp_path / "text.wav"
+    text.write_text("hello\n" * 100)
+    zero = tmp_path / "zero.wav"
+    sf.write(zero, np.zeros((0, 1), np.int16), 16000)
+    nochan = tmp_path / "nochan.wav"
+    _zero_channel_wav(nochan)
+    for bad in (tmp_path / "missing.wav", text, empty, zero, nochan):
+        r = _cli("replay", str(bad), "--out", str(tmp_path / "o.wav"), "--report", str(tmp_path / "r.json"))
+        assert r.returncode != 0, bad
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+        assert lines[0].startswith("voice-agent: error:")
+        assert not (tmp_path / "o.wav").exists()
+
+
+def test_cli_help_lists_subcommands_and_flags() -> None:
+    r = _cli("--help")
+    assert r.returncode == 0 and "replay" in r.stdout
+    r = _cli("replay", "--help")
+    for flag in ("--out", "--report", "--config", "--fast", "--mqtt"):
+        assert flag in r.stdout
+
+
+@pytest.mark.slow
+def test_cli_replay_writes_report_and_two_channel_wav(tmp_path) -> None:
+    lv = speech.librivox()
+    pcm, _ = build_call([lv[1]], gap_s=2.0)
+    stereo = np.stack([pcm, pcm], axis=1)
+    inp = tmp_path / "in44.wav"
+    sf.write(inp, stereo, RATE)  # stereo input is mixed down
+    r = _cli("replay", str(inp), "--out", str(tmp_path / "o.wav"), "--report", str(tmp_path / "r.json"), "--fast")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["summary"]["turns"] == 1 and rep["turns"][0]["transcript"]
+    data, rate = sf.read(tmp_path / "o.wav", dtype="int16")
+    assert data.shape[1] == 2 and rate == RATE

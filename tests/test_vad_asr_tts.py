@@ -1,0 +1,151 @@
+"""VAD, streaming ASR and TTS on real recorded speech."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from pipelines.config import AsrConfig
+from tests import speech
+from tests.wer import wer
+from voice.asr import StreamingASR, agreed_prefix, looks_degenerate
+from voice.audio import AudioFrame, frames_of, read_wav, resample
+from voice.vad import VadSegmenter, WebRtcVad
+
+ASR_WER_BOUND = 0.25  # tiny.en int8 on these clips; measured 0.05-0.15
+
+
+def _segment(pcm: np.ndarray, rate: int = 16000) -> list:
+    seg = VadSegmenter(WebRtcVad(2, rate, 20), start_ms=60, stop_ms=300)
+    events = []
+    for f in frames_of(pcm, rate, 20):
+        events += [e for e in seg.process(f) if e.kind in ("start", "pause")]
+    return events
+
+
+def test_vad_finds_each_utterance_in_a_real_multi_turn_signal() -> None:
+    clips = speech.librivox()[:3]
+    gap = np.zeros(16000 * 2, dtype=np.int16)
+    parts, bounds, t = [gap], [], 2.0
+    for c in clips:
+        pcm, _ = read_wav(c.path, 16000)
+        parts += [pcm, gap]
+        bounds.append((t, t + len(pcm) / 16000))
+        t += len(pcm) / 16000 + 2.0
+    events = _segment(np.concatenate(parts))
+    starts = [e.t for e in events if e.kind == "start"]
+    pauses = [e.t for e in events if e.kind == "pause"]
+    # every utterance starts inside its bounds, and the last pause of each is near its end
+    for lo, hi in bounds:
+        assert any(lo - 0.1 <= s <= hi for s in starts)
+        assert any(hi - 0.8 <= p <= hi + 0.1 for p in pauses)
+    assert not any(b[1] + 0.2 < s < b[1] + 1.8 for b in bounds for s in starts)  # silence stays silent
+
+
+def test_vad_rejects_wrong_rate() -> None:
+    seg = VadSegmenter(WebRtcVad(2, 16000, 20))
+    with pytest.raises(ValueError, match="16000"):
+        seg.process(AudioFrame(np.zeros(160, np.int16), 8000, 0.0))
+    with pytest.raises(ValueError):
+        WebRtcVad(2, 22050, 20)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("window", [30.0, 8.0])
+def test_asr_wer_on_real_speech(engines, window: float) -> None:
+    clips = [speech.jfk(), *speech.librivox()]
+    errs = []
+    for c in clips:
+        pcm, _ = read_wav(c.path, 16000)
+        res = engines.asr.transcribe(pcm.astype(np.float32) / 32768, window_s=window)
+        errs.append(wer(c.text, res.text))
+    assert float(np.mean(errs)) <= ASR_WER_BOUND, errs
+
+
+@pytest.mark.slow
+def test_asr_on_8khz_telephone_speech(engines) -> None:
+    pcm, rate = read_wav(speech.hello_8k())
+    assert rate == 8000
+    res = engines.asr.transcribe(resample(pcm, 8000, 16000).astype(np.float32) / 32768)
+    assert len(res.text.split()) >= 3  # real speech is recognised as words (no reference transcript)
+
+
+def test_degeneracy_guard() -> None:
+    assert looks_degenerate("I hope you I hope you I hope you", 2.0)
+    assert looks_degenerate(" ".join(["word"] * 40), 2.0)
+    assert not looks_degenerate("ask not what your country can do for you", 3.0)
+
+
+def test_local_agreement_prefix() -> None:
+    assert agreed_prefix("He was not an".split(), "He was not an ill".split()) == 4
+    assert agreed_prefix("like your".split(), "What your".split()) == 0
+
+
+class FakeTranscriber:
+    """Scripted hypotheses: isolates the streaming policy from Whisper."""
+
+    def __init__(self, hyps: list[str]) -> None:
+        self.hyps = hyps
+        self.calls = 0
+
+    def __call__(self, audio: np.ndarray):
+        from voice.asr import TranscriptResult
+
+        text = self.hyps[min(self.calls, len(self.hyps) - 1)]
+        self.calls += 1
+        return TranscriptResult(text, 0.0, 8.0)
+
+
+async def test_streaming_policy_local_agreement_and_cached_final() -> None:
+    fake = FakeTranscriber(["he was", "he was not an", "he was not an ill disposed man"])
+    s = StreamingASR(fake)
+    s.reset(0.0)
+    s.insert_audio(np.zeros(3200, np.int16))
+    u1 = await s.process_iter()
+    s.insert_audio(np.zeros(3200, np.int16))
+    u2 = await s.process_iter()
+    assert u1.stable == "" and u2.stable == "he was"
+    s.insert_audio(np.zeros(3200, np.int16))
+    u3 = await s.process_iter()
+    assert u3.stable == "he was not an"
+    final = await s.finish()  # no new audio: the last hypothesis is the final, no new call
+    assert final.partial == "he was not an ill disposed man" and fake.calls == 3
+
+
+@pytest.mark.slow
+def test_tts_streams_first_clause_and_round_trips_through_asr(engines) -> None:
+    tts = engines.tts
+    text = "Thanks for calling the help desk, my name is Joe. How can I help you today?"
+    parts = tts.split(text)
+    assert len(parts[0].split()) <= tts.cfg.max_first_words and len(parts) >= 3
+    audio = np.concatenate(list(tts.synthesize_chunks(text)))
+    assert tts.sample_rate == 22050 and len(audio) > tts.sample_rate
+    back = engines.asr.transcribe(resample(audio, tts.sample_rate, 16000).astype(np.float32) / 32768, window_s=30)
+    assert wer(text, back.text) <= 0.2, back.text
+
+
+@pytest.mark.slow
+async def test_tts_stream_is_cancellable(engines) -> None:
+    got = []
+
+    async def consume() -> None:
+        async for pcm in engines.tts.stream("One. Two. Three. Four. Five. Six. Seven. Eight."):
+            got.append(pcm)
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(consume())
+    while not got:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert 1 <= len(got) < 8
+
+
+def test_asr_missing_model_is_a_clear_error(tmp_path) -> None:
+    from voice.asr import AsrLoadError, WhisperEngine
+
+    with pytest.raises(AsrLoadError, match="no CTranslate2 Whisper model"):
+        WhisperEngine(AsrConfig(model_path=str(tmp_path)))
