@@ -24,7 +24,7 @@ INCOMPLETE_WORDS = frozenset(
     whom where when while my your his her their our its is are was were be been am i you we they he she
     it this these those um uh er erm hmm like just very really gonna wanna would could should will can
     about into onto over under after before since until unless though although whether not no also
-    then maybe um-hmm mm let me""".split()
+    then maybe um-hmm mm""".split()
 )
 _WORD = re.compile(r"[A-Za-z'-]+")
 
@@ -36,10 +36,12 @@ def completeness(text: str) -> float:
         return 0.5
     if t.endswith(("...", "…", ",", ";", ":", "-", "—")):
         return 0.0
+    if t.endswith(("?", "!")):
+        return 1.0
     words = _WORD.findall(t.lower())
     if words and words[-1] in INCOMPLETE_WORDS:
         return 0.1
-    if t.endswith((".", "?", "!")):
+    if t.endswith("."):
         return 1.0
     return 0.7
 

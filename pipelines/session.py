@@ -234,10 +234,19 @@ class CallSession:
     def _on_speech_start(self, t: float) -> None:
         self.bus.emit(SpeechStart(self.session_id, t))
         self._speech_run_start = t
-        if self.utt is not None and self._committed and not self._reply_audible():
+        if self.utt is not None and self._committed and not self._reply_audible(t):
             # The caller went on before our reply was heard: the endpoint was premature.
-            # Take the reply back and continue the same turn.
+            # Take the reply back (including audio already queued) and continue the same turn.
             self._cancel_response()
+            if self._playing is self.utt:
+                self.output.interrupt()
+                self._playing = None
+                if self.history and self.history[-1][0] == self.utt.transcript:
+                    self.history.pop()
+            self.utt.response = self.utt.heard_response = ""
+            self.utt.agent_audio_start_s = self.utt.gap_ms = None
+            self.utt.stages.clear()
+            self.utt.violations.clear()
             self.turns = [x for x in self.turns if x is not self.utt]
             self._committed = False
             self.cutoffs_recovered += 1
@@ -260,9 +269,10 @@ class CallSession:
         for p in preroll:
             self.asr.insert_audio(p)
 
-    def _reply_audible(self) -> bool:
-        return self._playing is self.utt and self.utt is not None and self.utt.agent_audio_start_s is not None \
-            and self.clock.now() >= self.utt.agent_audio_start_s
+    def _reply_audible(self, t: float) -> bool:
+        """Had the caller heard the current turn's reply by call time ``t``?"""
+        utt = self.utt
+        return utt is not None and utt.agent_audio_start_s is not None and t >= utt.agent_audio_start_s
 
     def _on_voiced(self, t: float) -> None:
         if self.utt is None:
@@ -484,8 +494,6 @@ class CallSession:
             self._play(pcm)
         utt.agent_audio_end_s = self.output.busy_until()
         self.bus.emit(TurnCompleted(self.session_id, self.clock.now(), report=utt.to_dict()))
-        if self.utt is utt:
-            self.utt = None
 
     def _play(self, pcm: np.ndarray) -> float | None:
         if self.muted or len(pcm) == 0:

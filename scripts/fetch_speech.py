@@ -28,7 +28,7 @@ SDISTS = {
 }
 DEBS = {
     "linphone-common": ["usr/share/sounds/linphone/hello8000.wav", "usr/share/sounds/linphone/hello16000.wav"],
-    "codec2-examples": ["usr/share/codec2/raw/hts1a.raw", "usr/share/codec2/raw/hts2.raw", "usr/share/codec2/raw/big_dog.raw"],
+    "codec2-examples": [f"usr/share/codec2/raw/{n}.raw" for n in ("hts1a", "hts2", "big_dog")],
 }
 
 

@@ -1,0 +1,236 @@
+"""The turn state machine on scripted timelines: no models are loaded.
+
+Caller speech is scripted as segments; each segment's audio carries a distinct amplitude so
+the fakes know which words were "spoken". Stage latencies are scripted by advancing the call
+clock, as LiveKit Agents' tests do, so every timing below is deterministic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from llm.decoder import DecodeStats
+from llm.responder import Reply
+from pipelines.config import AgentConfig
+from pipelines.endpointing import Endpointer, completeness
+from pipelines.events import EventBus, Interrupt, SpeculationStarted, Violation
+from pipelines.session import CallSession, Engines
+from pipelines.transport import AudioClock
+from voice.asr import TranscriptResult
+from voice.audio import AudioFrame
+from voice.transports.replay import TimelineOutput
+from voice.tts import split_for_speech
+from voice.vad import VadSegmenter
+
+RATE = 16000
+FRAME = 320
+
+
+@dataclass
+class Seg:
+    start: float
+    end: float
+    text: str
+
+
+class FakeWebRtcVad:
+    """Voiced = any non-zero sample (the scripted audio is silent or a constant level)."""
+
+    sample_rate = RATE
+    frame_ms = 20
+    frame_len = FRAME
+
+    def is_speech(self, pcm: np.ndarray) -> bool:
+        return bool(np.abs(pcm).max() > 0)
+
+
+class FakeAsr:
+    """Recognises a segment's words from its amplitude (segment k is played at 1000*(k+1))."""
+
+    def __init__(self, segs: list[Seg]) -> None:
+        self.segs = segs
+        self.calls = 0
+
+    def transcribe(self, audio: np.ndarray, window_s: float | None = None) -> TranscriptResult:
+        self.calls += 1
+        levels = set(np.round(np.abs(audio * 32768) / 1000).astype(int).tolist()) - {0}
+        words = [s.text for k, s in enumerate(self.segs) if (k + 1) in levels]
+        return TranscriptResult(" ".join(words), 0.0, 8.0)
+
+
+class FakeResponder:
+    def __init__(self, clock: AudioClock, latency_s: float = 0.0, reply: str = "Sure, I can help with that.") -> None:
+        self.clock = clock
+        self.latency_s = latency_s
+        self.reply = reply
+        self.calls: list[str] = []
+
+    async def agenerate(self, text: str, history=(), deadline_s: float | None = None, prev=None) -> Reply:
+        self.calls.append(text)
+        self.clock.t += self.latency_s  # scripted stage latency
+        await asyncio.sleep(0)
+        return Reply(self.reply, [1, 2, 3], [1, 2, 3], [1.0] * 3, DecodeStats(steps=3, step_times=[0.001] * 3), text)
+
+
+class FakeTts:
+    sample_rate = 22050
+
+    def __init__(self, clock: AudioClock, latency_s: float = 0.0) -> None:
+        self.clock = clock
+        self.latency_s = latency_s
+        self.calls = 0
+
+    def split(self, text: str) -> list[str]:
+        return split_for_speech(text, 3)
+
+    def synth(self, part: str) -> np.ndarray:
+        self.calls += 1
+        self.clock.t += self.latency_s
+        return np.full(int(0.4 * self.sample_rate * len(part.split())), 5000, dtype=np.int16)
+
+
+def make_session(segs: list[Seg], cfg: AgentConfig | None = None, llm_s: float = 0.0, tts_s: float = 0.0):
+    cfg = cfg or AgentConfig()
+    clock = AudioClock()
+    asr, responder, tts = FakeAsr(segs), FakeResponder(clock, llm_s), FakeTts(clock, tts_s)
+    out = TimelineOutput(RATE, clock, cfg.output.buffer_ms)
+    bus = EventBus()
+    events: list = []
+    bus.add_listener(events.append)
+    vad = VadSegmenter(FakeWebRtcVad(), cfg.vad.start_ms, cfg.vad.stop_ms)  # type: ignore[arg-type]
+    session = CallSession(Engines(asr, responder, tts), cfg, out, clock, bus, vad=vad)  # type: ignore[arg-type]
+    return session, out, events, responder, tts
+
+
+async def play_script(session: CallSession, segs: list[Seg], total_s: float) -> None:
+    await session.start()
+    for i in range(int(total_s * RATE / FRAME)):
+        t = i * FRAME / RATE
+        level = next((1000 * (k + 1) for k, s in enumerate(segs) if s.start <= t < s.end), 0)
+        await session.push_audio(AudioFrame(np.full(FRAME, level, dtype=np.int16), RATE, t))
+        await session.idle()
+
+
+async def test_speculation_hit_plays_prepared_reply_at_once() -> None:
+    segs = [Seg(0.5, 2.0, "Can you hear me?")]
+    session, out, events, responder, _ = make_session(segs)
+    await play_script(session, segs, 4.0)
+    report = await session.close()
+    (turn,) = report["turns"]
+    assert turn["transcript"] == "Can you hear me?"
+    assert turn["speculation"]["used"] and turn["speculation"]["hit"]
+    assert responder.calls == ["Can you hear me?"]  # generated once, speculatively
+    assert turn["endpoint"]["reason"] == "complete"
+    # endpoint at min_silence after the pause; nothing left to compute then: gap = silence + buffer
+    assert turn["gap_ms"] <= AgentConfig().vad.stop_ms + AgentConfig().turn.min_silence_ms + 60
+    assert any(isinstance(e, SpeculationStarted) for e in events)
+
+
+async def test_speculation_on_stale_audio_is_wasted_and_never_enters_history() -> None:
+    segs = [Seg(0.5, 1.5, "I need"), Seg(1.75, 2.5, "a taxi please.")]
+    cfg = AgentConfig()
+    session, out, events, responder, _ = make_session(segs, cfg)
+    await play_script(session, segs, 4.5)
+    report = await session.close()
+    (turn,) = report["turns"]
+    assert turn["transcript"] == "I need a taxi please."
+    assert len(turn["speculation"]["started"]) == 2  # one per pause
+    assert turn["speculation"]["hit"]
+    assert session.history == [("I need a taxi please.", responder.reply)]
+
+
+async def test_no_cutoff_when_caller_pauses_after_a_function_word() -> None:
+    segs = [Seg(0.5, 1.5, "I want to go to the"), Seg(2.1, 2.6, "store.")]  # 600 ms mid-sentence pause
+    session, *_ = make_session(segs)
+    await play_script(session, segs, 5.0)
+    report = await session.close()
+    assert [t["transcript"] for t in report["turns"]] == ["I want to go to the store."]
+
+
+async def test_cutoff_taken_back_when_caller_goes_on_before_reply_is_heard() -> None:
+    # "Hello." looks complete and commits; the caller goes on 150 ms later, before any audio
+    segs = [Seg(0.5, 1.2, "Hello."), Seg(1.55, 2.4, "is this the help desk?")]
+    cfg = AgentConfig()
+    cfg.turn.speculation = False
+    session, out, events, responder, _ = make_session(segs, cfg, llm_s=0.3)
+    await play_script(session, segs, 5.0)
+    report = await session.close()
+    assert len(report["turns"]) == 1 and report["turns"][0]["transcript"] == "Hello. is this the help desk?"
+
+
+async def test_barge_in_stops_agent_audio_and_keeps_only_heard_part() -> None:
+    cfg = AgentConfig()
+    long_reply = "Let me explain the whole process to you step by step, it takes a while. First you log in."
+    segs = [Seg(0.5, 1.5, "How does it work?"), Seg(3.0, 4.0, "Stop, stop.")]
+    session, out, events, responder, tts = make_session(segs, cfg)
+    responder.reply = long_reply
+    await play_script(session, segs, 6.0)
+    report = await session.close()
+    first = report["turns"][0]
+    assert first["interrupted"]
+    heard = first["heard_response"]
+    assert heard and len(heard.split()) < len(long_reply.split())
+    assert session.history[0] == (first["transcript"], heard)
+    (intr,) = [e for e in events if isinstance(e, Interrupt)]
+    onset = segs[1].start
+    # the interruption fires once the caller has spoken barge_in_min_ms, and audio stops within 100 ms
+    assert intr.t - (onset + cfg.turn.barge_in_min_ms / 1000) <= 0.1
+    second = report["turns"][1]["agent_audio_start_s"] if len(report["turns"]) > 1 else 5.9
+    after = out.track[int((intr.t + cfg.output.buffer_ms / 1000 + 0.01) * RATE) : int(second * RATE)]
+    assert not np.any(after == 5000)  # no agent audio of the first reply after the cut
+
+
+async def test_backchannel_does_not_interrupt() -> None:
+    cfg = AgentConfig()
+    segs = [Seg(0.5, 1.5, "Tell me a story."), Seg(2.6, 2.75, "uh-huh")]
+    session, out, events, responder, _ = make_session(segs, cfg)
+    responder.reply = "Once upon a time there was a small town by the sea, and people there loved boats."
+    await play_script(session, segs, 7.0)
+    report = await session.close()
+    assert not any(isinstance(e, Interrupt) for e in events)
+    assert len(report["turns"]) == 1 and not report["turns"][0]["interrupted"]
+
+
+async def test_budget_overrun_is_a_violation_event() -> None:
+    cfg = AgentConfig()
+    cfg.turn.speculation = False  # the reply is generated after the endpoint: its latency counts
+    segs = [Seg(0.5, 1.5, "What time is it?")]
+    session, out, events, *_ = make_session(segs, cfg, llm_s=0.12, tts_s=0.05)
+    await play_script(session, segs, 3.0)
+    report = await session.close()
+    (turn,) = report["turns"]
+    stages = {v["stage"]: v for v in turn["violations"]}
+    assert stages["llm_block"]["over_ms"] == pytest.approx(120 - cfg.budgets.llm_block_ms, abs=1)
+    assert stages["tts_first_audio"]["over_ms"] == pytest.approx(50 - cfg.budgets.tts_first_audio_ms, abs=1)
+    assert {e.stage for e in events if isinstance(e, Violation)} >= {"llm_block", "tts_first_audio"}
+    assert report["summary"]["violations"] == len(turn["violations"])
+
+
+def test_update_budgets_validates_and_changes_nothing_on_error() -> None:
+    session, *_ = make_session([])
+    before = session.budgets
+    from pipelines.config import ConfigError
+
+    with pytest.raises(ConfigError):
+        session.update_budgets({"llm_block_ms": -5})
+    assert session.budgets == before
+    session.update_budgets({"llm_block_ms": 30})
+    assert session.budgets.llm_block_ms == 30
+
+
+def test_endpointer_waits_longer_after_function_words_and_adapts() -> None:
+    cfg = AgentConfig().turn
+    ep = Endpointer(cfg)
+    assert completeness("Can you hear me?") == 1.0
+    assert completeness("I was looking for the") < 0.2
+    assert completeness("um") < 0.2
+    assert ep.required_silence_ms("Thanks.") == cfg.min_silence_ms
+    assert ep.required_silence_ms("I need a") > 5 * cfg.min_silence_ms
+    for _ in range(6):
+        ep.caller_resumed_after(300)
+    assert ep.required_silence_ms("Thanks") > cfg.min_silence_ms
+    assert ep.required_silence_ms("so") <= cfg.max_silence_ms
