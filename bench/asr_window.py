@@ -1,0 +1,70 @@
+"""ASR encoder window: cost and WER of short padded windows against faster-whisper's 30 s
+window, measured in the same run on real recordings (LibriVox clips, JFK, the card clips).
+
+    python bench/asr_window.py [--repeats 3] [--json PATH]
+
+Prints, per window, the median seconds per utterance, the WER against the reference
+transcripts, how often the loop guard fell back to 30 s, and the speed ratio vs 30 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from pipelines.config import AsrConfig  # noqa: E402
+from tests import speech  # noqa: E402
+from tests.wer import wer, words  # noqa: E402
+from voice.asr import WhisperEngine  # noqa: E402
+from voice.audio import read_wav  # noqa: E402
+
+
+def corpus_wer(pairs: list[tuple[str, str]]) -> float:
+    errs = sum(wer(r, h) * len(words(r)) for r, h in pairs)
+    return errs / max(1, sum(len(words(r)) for r, _ in pairs))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--windows", default="30,15,10,8,6")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    eng = WhisperEngine(AsrConfig())
+    eng.warmup()
+    clips = [speech.jfk(), *speech.librivox(), *speech.cards()]
+    audio = [(c.text, read_wav(c.path, 16000)[0].astype(np.float32) / 32768) for c in clips]
+    rows = []
+    for w in [float(x) for x in args.windows.split(",")]:
+        times, pairs, fallbacks = [], [], 0
+        for ref, a in audio:
+            per = []
+            for _ in range(args.repeats):
+                r = eng.transcribe(a, window_s=w)
+                per.append(r.seconds)
+            times.append(statistics.median(per))
+            pairs.append((ref, r.text))
+            fallbacks += int(r.fell_back)
+        rows.append({"window_s": w, "median_s": statistics.median(times), "wer": corpus_wer(pairs),
+                     "fallbacks": fallbacks, "utterances": len(audio)})
+    base = next(r for r in rows if r["window_s"] == 30.0)
+    print(f"{'window':>7} {'median s':>9} {'x faster':>9} {'WER':>6} {'fallbacks':>9}")
+    for r in rows:
+        r["speedup_vs_30s"] = base["median_s"] / r["median_s"]
+        print(f"{r['window_s']:>7.0f} {r['median_s']:>9.3f} {r['speedup_vs_30s']:>9.2f} {r['wer']:>6.3f} "
+              f"{r['fallbacks']:>5}/{r['utterances']}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Turn-gap benchmark: our pipeline against LiveKit Agents, same engines, same calls, same run.
+
+    python bench/turn_gap.py [--calls 2] [--json PATH] [--skip-livekit]
+
+Calls are built from real recorded speech (LibriVox clips with word alignments from the
+pocketsphinx sdist, and the pocketsphinx card clips). Some turns get a 400-700 ms pause
+inserted right after a function word ("to", "in", "for", "the" ...), the hardest case for an
+endpointer. Each call is replayed at real-time pace through:
+
+- ours: `CallSession` via the replay transport, default config;
+- LiveKit: a livekit-agents `AgentSession` with default turn handling, running the same
+  faster-whisper, diffusion LM and Piper engines wrapped as livekit-agents plugins, with
+  custom audio input/output and no room.
+
+The gap is measured the same way for both: from the last webrtcvad-voiced frame of the
+caller's turn to the first agent sample out. A cut-off is agent audio starting while the
+caller's utterance (pauses included) is still in progress; a missed reply is an utterance
+with no agent audio before the next one. Prints p50/p95, cut-offs, misses, speculation hit
+rate, per-stage medians, violations, and the ratio of our p50 to LiveKit's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from tests import speech  # noqa: E402
+from voice.audio import read_wav  # noqa: E402
+
+RATE = 16000
+FUNCTION_WORDS = {"to", "in", "for", "the", "and", "a", "of", "be", "an", "than", "his", "he", "have"}
+PAUSES_S = (0.4, 0.55, 0.7)
+
+
+def _alignment(clip: speech.Clip) -> list[tuple[str, float, float]]:
+    j = clip.path.with_suffix(".json")
+    if not j.exists():
+        return []
+    words = json.loads(j.read_text())["w"]
+    return [(w["t"].split("(")[0], w["b"], w["b"] + w["d"]) for w in words if not w["t"].startswith("<")]
+
+
+def with_pause(clip: speech.Clip, pause_s: float) -> tuple[np.ndarray, bool]:
+    """Insert ``pause_s`` of silence after a function word in the middle of the clip."""
+    pcm, _ = read_wav(clip.path, RATE)
+    words = _alignment(clip)
+    mids = [w for w in words[2:-2] if w[0] in FUNCTION_WORDS]
+    if not mids:
+        return pcm, False
+    _, _, end = mids[len(mids) // 2]
+    cut = int(end * RATE)
+    return np.concatenate([pcm[:cut], np.zeros(int(pause_s * RATE), np.int16), pcm[cut:]]), True
+
+
+def build_calls(n: int, gap_s: float = 3.0) -> list[dict[str, Any]]:
+    lv, cards = speech.librivox(), speech.cards()
+    pool = [lv[0], cards[0], lv[3], lv[1], cards[4], lv[2], lv[4], cards[1]]
+    calls = []
+    for c in range(n):
+        parts, utts, t = [np.zeros(RATE, np.int16)], [], 1.0
+        for k in range(3):
+            clip = pool[(3 * c + k) % len(pool)]
+            pause = PAUSES_S[(c + k) % len(PAUSES_S)]
+            pcm, paused = with_pause(clip, pause) if k != 1 else (read_wav(clip.path, RATE)[0], False)
+            parts += [pcm, np.zeros(int(gap_s * RATE), np.int16)]
+            end = t + len(pcm) / RATE
+            utts.append({"start": t, "end": end, "text": clip.text, "mid_pause_s": pause if paused else 0})
+            t += len(pcm) / RATE + gap_s
+        calls.append({"pcm": np.concatenate(parts), "utterances": utts})
+    return calls
+
+
+def score(onsets: list[float], utts: list[dict[str, Any]]) -> tuple[int, int]:
+    """(cut-offs, missed replies) from agent audio onsets and the true utterance spans."""
+    cutoffs = sum(1 for o in onsets for u in utts if u["start"] + 0.1 < o < u["end"] - 0.1)
+    missed = 0
+    for i, u in enumerate(utts):
+        nxt = utts[i + 1]["start"] if i + 1 < len(utts) else float("inf")
+        if not any(u["end"] - 0.1 <= o < nxt for o in onsets):
+            missed += 1
+    return cutoffs, missed
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    return round(float(np.percentile(xs, q)), 1) if xs else None
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    from pipelines.agent import Agent
+    from pipelines.config import AgentConfig, load_config
+    from pipelines.replay import replay_pcm
+
+    cfg = load_config(args.config) if args.config else AgentConfig()
+    agent = await Agent.load(cfg)
+    calls = build_calls(args.calls)
+    ours: dict[str, Any] = {"gaps": [], "cutoffs": 0, "missed": 0, "hits": 0, "spec": 0, "violations": 0,
+                            "stages": {}}
+    lk: dict[str, Any] = {"gaps": [], "cutoffs": 0, "missed": 0}
+    for i, call in enumerate(calls):
+        report, _ = await replay_pcm(agent, call["pcm"], RATE, fast=False)
+        onsets = [t["agent_audio_start_s"] for t in report["turns"] if t["agent_audio_start_s"] is not None]
+        c, m = score(onsets, call["utterances"])
+        ours["cutoffs"] += c
+        ours["missed"] += m
+        ours["gaps"] += [t["gap_ms"] for t in report["turns"] if t["gap_ms"] is not None]
+        ours["violations"] += report["summary"]["violations"]
+        for t in report["turns"]:
+            ours["spec"] += int(t["speculation"]["used"])
+            ours["hits"] += int(t["speculation"]["hit"])
+            for k, v in t["stages"].items():
+                ours["stages"].setdefault(k, []).append(v)
+        print(f"call {i}: ours gaps {[t['gap_ms'] for t in report['turns']]} cutoffs {c} missed {m}", flush=True)
+        if not args.skip_livekit:
+            from pipelines.livekit_plugins.session_replay import run_livekit_session
+
+            res = await run_livekit_session(agent, call["pcm"], cfg=cfg)
+            on = [t["agent_start_s"] for t in res["turns"]]
+            c2, m2 = score(on, call["utterances"])
+            lk["cutoffs"] += c2
+            lk["missed"] += m2
+            lk["gaps"] += res["gaps_ms"]
+            print(f"call {i}: livekit gaps {res['gaps_ms']} cutoffs {c2} missed {m2}", flush=True)
+    out = {
+        "ours": {"p50_ms": pct(ours["gaps"], 50), "p95_ms": pct(ours["gaps"], 95), "cutoffs": ours["cutoffs"],
+                 "missed": ours["missed"],
+                 "speculation_hit_rate": round(ours["hits"] / ours["spec"], 3) if ours["spec"] else None,
+                 "violations": ours["violations"],
+                 "stage_p50_ms": {k: round(statistics.median(v), 1) for k, v in ours["stages"].items()},
+                 "turns": sum(len(c["utterances"]) for c in calls)},
+        "livekit": {"p50_ms": pct(lk["gaps"], 50), "p95_ms": pct(lk["gaps"], 95), "cutoffs": lk["cutoffs"],
+                    "missed": lk["missed"]} if not args.skip_livekit else None,
+    }
+    if out["livekit"] and out["livekit"]["p50_ms"] and out["ours"]["p50_ms"]:
+        out["ratio_p50"] = round(out["ours"]["p50_ms"] / out["livekit"]["p50_ms"], 3)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=2)
+    ap.add_argument("--config")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--skip-livekit", action="store_true")
+    args = ap.parse_args()
+    out = asyncio.run(run(args))
+    print(json.dumps(out, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
