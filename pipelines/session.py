@@ -95,6 +95,7 @@ class CallSession:
         self._resamplers: dict[int, StreamResampler] = {}
         self._preroll: deque[np.ndarray] = deque(maxlen=max(1, 200 // cfg.audio.frame_ms))
         self._pause_buf: list[np.ndarray] = []
+        self._fallback_pcm: dict[str, np.ndarray] = {}
         self._audio_t = 0.0  # end of caller audio received, call time
 
         self.turns: list[TurnRecord] = []
@@ -503,6 +504,11 @@ class CallSession:
                 self.wasted_s += w
                 utt.speculation["wasted_ms"] = round(utt.speculation["wasted_ms"] + w * 1000, 1)
         self._specs = [spec] if spec is not None else []
+        fallback_start: float | None = None
+        prepared = hit and spec is not None and spec.first_audio is not None and spec.first_audio.done()
+        if self.cfg.turn.fallback and not prepared:
+            # Nothing is ready to say: cover the wait with a short acknowledgement.
+            fallback_start = await self._play_fallback(utt)
         if reply is None:
             reply = await self._llm(utt.transcript, list(self.history), speculative=False)
         t_llm = self.clock.now()
@@ -521,14 +527,18 @@ class CallSession:
             first = await asyncio.to_thread(self.engines.tts.synth, parts[0])
         t_tts = self.clock.now()
         # 4. play
-        self._playing = utt
-        self.output.begin_turn(utt.index)
+        if self._playing is not utt:
+            self._playing = utt
+            self.output.begin_turn(utt.index)
         t_out = self.clock.now()
         start = self._play(first) if first is not None else None
         if start is None:
             return
-        utt.agent_audio_start_s = start
         utt.first_content_audio_s = start
+        if fallback_start is not None:
+            utt.first_audio = "fallback"
+            start = fallback_start
+        utt.agent_audio_start_s = start
         utt.gap_ms = (start - utt.user_speech_end_s) * 1000
         utt.stages.update({
             "vad_endpoint": (t_commit - utt.user_speech_end_s) * 1000,
@@ -547,6 +557,15 @@ class CallSession:
             self._play(pcm)
         utt.agent_audio_end_s = self.output.busy_until()
         self.bus.emit(TurnCompleted(self.session_id, self.clock.now(), report=utt.to_dict()))
+
+    async def _play_fallback(self, utt: TurnRecord) -> float | None:
+        text = self.cfg.turn.fallback_text
+        pcm = self._fallback_pcm.get(text)
+        if pcm is None:
+            pcm = self._fallback_pcm[text] = await asyncio.to_thread(self.engines.tts.synth, text)
+        self._playing = utt
+        self.output.begin_turn(utt.index)
+        return self._play(pcm)
 
     def _play(self, pcm: np.ndarray) -> float | None:
         if self.muted or len(pcm) == 0:

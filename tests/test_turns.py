@@ -234,3 +234,17 @@ def test_endpointer_waits_longer_after_function_words_and_adapts() -> None:
         ep.caller_resumed_after(300)
     assert ep.required_silence_ms("Thanks") > cfg.min_silence_ms
     assert ep.required_silence_ms("so") <= cfg.max_silence_ms
+
+
+async def test_fallback_covers_a_slow_turn_and_is_counted_separately() -> None:
+    cfg = AgentConfig()
+    cfg.turn.speculation = False
+    cfg.turn.fallback = True
+    segs = [Seg(0.5, 1.5, "What's my balance?")]
+    session, out, events, *_ = make_session(segs, cfg, llm_s=0.4)
+    await play_script(session, segs, 4.0)
+    report = await session.close()
+    (turn,) = report["turns"]
+    assert turn["first_audio"] == "fallback"
+    assert turn["first_content_audio_s"] - turn["agent_audio_start_s"] >= 0.3
+    assert report["summary"]["fallbacks"] == 1
