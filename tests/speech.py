@@ -30,26 +30,26 @@ def jfk() -> Clip:
     )
 
 
-def librivox() -> list[Clip]:
-    root = CACHE / "pocketsphinx/test/data/librivox"
+def _transcribed(folder: str, listing: str) -> list[Clip]:
+    """Clips listed in a pocketsphinx transcription file: ``<s> words </s> (clip_id)``."""
+    root = CACHE / "pocketsphinx/test/data" / folder
     out = []
-    for line in _need(root / "transcription").read_text().splitlines():
+    for line in _need(root / listing).read_text().splitlines():
         text, _, rest = line.partition("(")
         clip_id = rest.strip(") ")
         words = [w for w in text.split() if w not in ("<s>", "</s>")]
         out.append(Clip(_need(root / f"{clip_id}.wav"), " ".join(words)))
     return out
+
+
+def librivox() -> list[Clip]:
+    """Five LibriVox clips (public domain) with word alignments beside them (.json)."""
+    return _transcribed("librivox", "transcription")
 
 
 def cards() -> list[Clip]:
-    root = CACHE / "pocketsphinx/test/data/cards"
-    out = []
-    for line in _need(root / "cards.transcription").read_text().splitlines():
-        text, _, rest = line.partition("(")
-        clip_id = rest.strip(") ")
-        words = [w for w in text.split() if w not in ("<s>", "</s>")]
-        out.append(Clip(_need(root / f"{clip_id}.wav"), " ".join(words)))
-    return out
+    """Short command-style clips ("ten of clubs")."""
+    return _transcribed("cards", "cards.transcription")
 
 
 def hello_8k() -> Path:
