@@ -20,20 +20,10 @@ PLUGIN_COMMANDS = ("pipelines.report_view", "pipelines.serve_sip", "pipelines.se
 
 def apply_mqtt_url(cfg: AgentConfig, url: str | None) -> None:
     """``--mqtt mqtt://HOST:PORT`` overrides the broker in the config."""
-    if not url:
-        return
-    from urllib.parse import urlparse
+    if url:
+        from pipelines.mqtt import apply_mqtt_url as parse
 
-    u = urlparse(url if "://" in url else f"mqtt://{url}")
-    if u.scheme not in ("mqtt", "mqtts") or not u.hostname:
-        raise ConfigError(f"--mqtt: expected mqtt://HOST:PORT, got {url!r}")
-    cfg.mqtt.host = u.hostname
-    cfg.mqtt.port = u.port or (8883 if u.scheme == "mqtts" else 1883)
-    cfg.mqtt.tls = u.scheme == "mqtts"
-    if u.username:
-        cfg.mqtt.username = u.username
-    if u.password:
-        cfg.mqtt.password = u.password
+        cfg.mqtt = parse(cfg.mqtt, url)
 
 
 def _inputs(paths: list[str]) -> list[Path]:

@@ -196,7 +196,7 @@ class AgentConfig(_Section):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
 
-def _format(err: ValidationError) -> str:
+def format_validation_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         key = ".".join(str(x) for x in e["loc"]) or "(root)"
@@ -209,7 +209,7 @@ def parse_config(data: dict | None) -> AgentConfig:
     try:
         return AgentConfig.model_validate(data or {})
     except ValidationError as err:
-        raise ConfigError(f"invalid config: {_format(err)}") from None
+        raise ConfigError(f"invalid config: {format_validation_error(err)}") from None
 
 
 def load_config(path: str | Path | None = None) -> AgentConfig:

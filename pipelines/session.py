@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
 from llm.responder import Reply, Responder
-from pipelines.config import AgentConfig, BudgetConfig, ConfigError
+from pipelines.config import AgentConfig, BudgetConfig, ConfigError, format_validation_error
 from pipelines.endpointing import Endpointer, completeness
 from pipelines.events import (
     Dtmf,
@@ -174,8 +175,8 @@ class CallSession:
         merged = {**self.budgets.model_dump(), **values}
         try:
             self.budgets = BudgetConfig.model_validate(merged)
-        except Exception as exc:
-            raise ConfigError(f"invalid budgets: {exc}") from None
+        except ValidationError as err:
+            raise ConfigError(f"invalid budgets: {format_validation_error(err)}") from None
 
     async def say(self, text: str) -> None:
         """Speak ``text`` now, outside any caller turn (operator control)."""
@@ -602,6 +603,7 @@ class CallSession:
         if self.history and self.history[-1][0] == turn.transcript:
             self.history[-1] = (turn.transcript, turn.heard_response)
         self.bus.emit(Interrupt(self.session_id, t, turn=turn.index, heard_text=turn.heard_response))
+        self.bus.emit(TurnCompleted(self.session_id, t, report=turn.to_dict()))
 
     def _cancel_response(self) -> None:
         if self._responding is not None and not self._responding.done():
