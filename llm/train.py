@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from llm.architectures import new_ar, new_mdlm
 from llm.data import Pair, all_pairs, split_pairs
+from llm.persona import persona_pairs
 from llm.tokenizer import ChatTokenizer, train_tokenizer
 
 PROMPT_LEN = 32
@@ -126,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pad-weight", type=float, default=0.1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--extra-persona", type=int, default=0, help="extra copies of the generated call persona slice")
     ap.add_argument("--max-steps", type=int, help="stop after this many optimizer steps (to match another run)")
     ap.add_argument("--init", type=Path, help="continue from the weights in this directory")
     ap.add_argument("--checkpoint-minutes", type=float, default=10.0)
@@ -138,6 +140,11 @@ def main(argv: list[str] | None = None) -> None:
 
     pairs = all_pairs(args.seed)
     train_pairs, held = split_pairs(pairs, HELDOUT, args.seed)
+    if args.extra_persona:
+        # more of the phone-call slice, added after the split so the held-out set never moves
+        held_prompts = {p.prompt for p in held}
+        extra = persona_pairs(args.seed + 1, copies=args.extra_persona)
+        train_pairs += [p for p in extra if p.prompt not in held_prompts]
     if args.tokenizer:
         tok = ChatTokenizer.load(args.tokenizer)
     else:
@@ -193,7 +200,8 @@ def main(argv: list[str] | None = None) -> None:
             "arch": args.arch, "params": n_params, "steps": step, "epochs_started": epoch,
             "minutes": round((time.monotonic() - start) / 60, 2), "batch": args.batch, "lr": args.lr,
             "pad_weight": args.pad_weight, "seed": args.seed, "threads": args.threads,
-            "train_pairs": len(data), "heldout": HELDOUT, "prompt_len": PROMPT_LEN, "block_len": BLOCK_LEN,
+            "train_pairs": len(data), "extra_persona": args.extra_persona, "init": str(args.init or ""),
+            "heldout": HELDOUT, "prompt_len": PROMPT_LEN, "block_len": BLOCK_LEN,
             "loss_curve": [round(sum(c) / len(c), 4) for c in (losses[i : i + 100] for i in range(0, step, 100))],
             "data": ["chitchat-dataset 0.9.0 (MIT)", "chatterbot-corpus 1.3.3 (BSD)", "llm.persona (generated)"],
         }

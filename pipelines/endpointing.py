@@ -52,8 +52,11 @@ class Endpointer:
     # pauses (ms) after which this caller went on speaking, most recent last
     resumed_pauses: list[float] = field(default_factory=list)
 
-    def required_silence_ms(self, text: str | None) -> float:
+    def required_silence_ms(self, text: str | None, stale: bool = False) -> float:
+        """``stale``: ``text`` may not cover the end of the turn, so it cannot prove completion."""
         c = completeness(text or "")
+        if stale:
+            c = min(c, 0.7)
         lo, hi = self.cfg.min_silence_ms, self.cfg.incomplete_silence_ms
         wait = hi - c * (hi - lo)
         if self.cfg.adapt_to_caller and self.resumed_pauses and c >= 0.7:

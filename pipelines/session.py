@@ -422,12 +422,19 @@ class CallSession:
             return
         silence_ms = (self._audio_t - self.utt.user_speech_end_s) * 1000
         text = self._hypothesis_now()
-        required = self.endpointer.required_silence_ms(text)
+        if text is not None:
+            required = self.endpointer.required_silence_ms(text)
+            reason = "complete" if required <= self.cfg.turn.min_silence_ms else "incomplete-wait"
+        elif self._last_partial is not None:
+            # Only an older partial: it is evidence, but it may miss the last words, so it can
+            # shorten the wait to the middle ground and no further.
+            required = self.endpointer.required_silence_ms(self._last_partial[1], stale=True)
+            reason = "partial"
+        else:
+            required = self.endpointer.required_silence_ms(None)
+            reason = "no-hypothesis"
         if silence_ms >= required:
-            reason = "max" if required >= self.cfg.turn.max_silence_ms else (
-                "no-hypothesis" if text is None else "complete" if required <= self.cfg.turn.min_silence_ms
-                else "incomplete-wait")
-            self._commit(silence_ms, reason)
+            self._commit(silence_ms, "max" if required >= self.cfg.turn.max_silence_ms else reason)
 
     def _commit(self, silence_ms: float, reason: str) -> None:
         utt = self.utt
