@@ -162,17 +162,19 @@ class SipConfig(_Section):
 
 
 class WebrtcConfig(_Section):
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", description="bind address; a loopback address keeps media on loopback too")
     port: int = Field(8080, ge=1, le=65535)
-    token: str | None = None
+    token: str | None = Field(None, description="signalling token; None: a random one, printed at start")
     max_sessions: int = Field(4, ge=1, le=1000)
+    idle_timeout_s: float = Field(5.0, ge=1.0, le=120.0, description="no caller audio this long: the peer is gone")
 
 
 class LivekitConfig(_Section):
-    url: str | None = None
-    api_key: str | None = None
-    api_secret: str | None = None
-    participant: str | None = None
+    url: str | None = Field(None, description="ws(s):// server URL; else $LIVEKIT_URL")
+    api_key: str | None = Field(None, description="else $LIVEKIT_API_KEY")
+    api_secret: str | None = Field(None, description="else $LIVEKIT_API_SECRET")
+    participant: str | None = Field(None, description="only talk to this identity; None: the first caller")
+    rejoin_grace_s: float = Field(10.0, ge=0.0, le=600.0, description="a caller who left may reconnect this long")
 
 
 class MetricsConfig(_Section):

@@ -1,0 +1,26 @@
+"""The shared ``voice-agent serve`` parent command; each live transport adds itself under it."""
+
+from __future__ import annotations
+
+import argparse
+
+_ATTR = "_voice_agent_serve_subparsers"
+
+
+def get_serve_subparsers(subparsers: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """The subparsers of ``serve``: created on first call, reused by every later caller.
+
+    Several modules (SIP, WebRTC) register ``serve <transport>``; argparse refuses a second
+    ``add_parser("serve")``, so the first caller stores the child subparsers on the parent.
+    """
+    existing = getattr(subparsers, _ATTR, None)
+    if existing is not None:
+        return existing
+    serve = subparsers.add_parser(
+        "serve",
+        help="answer live calls (serve sip, serve webrtc)",
+        description="Run the agent as a server that answers live callers over one transport.",
+    )
+    children = serve.add_subparsers(dest="transport", metavar="TRANSPORT", required=True)
+    setattr(subparsers, _ATTR, children)
+    return children
