@@ -46,7 +46,7 @@ from pipelines.report import TurnRecord, summarize
 from pipelines.speculation import Speculation, run_chain, same_words
 from pipelines.transport import AudioClock, AudioOutput, Clock
 from voice.asr import StreamingASR, WhisperEngine, normalize_words
-from voice.audio import AudioFrame, StreamResampler, resample
+from voice.audio import AudioFrame, StreamResampler
 from voice.tts import PiperTTS
 from voice.vad import VadSegmenter, WebRtcVad
 
@@ -97,6 +97,7 @@ class CallSession:
         self._preroll: deque[np.ndarray] = deque(maxlen=max(1, 200 // cfg.audio.frame_ms))
         self._pause_buf: list[np.ndarray] = []
         self._fallback_pcm: dict[str, np.ndarray] = {}
+        self._out_rs: StreamResampler | None = None
         self._audio_t = 0.0  # end of caller audio received, call time
 
         self.turns: list[TurnRecord] = []
@@ -181,7 +182,7 @@ class CallSession:
     async def say(self, text: str) -> None:
         """Speak ``text`` now, outside any caller turn (operator control)."""
         t = self.clock.now()
-        self.output.begin_turn(-1)
+        self._begin_output(-1)
         start = None
         for part in self.engines.tts.split(text):
             pcm = await asyncio.to_thread(self.engines.tts.synth, part)
@@ -537,7 +538,7 @@ class CallSession:
         # 4. play
         if self._playing is not utt:
             self._playing = utt
-            self.output.begin_turn(utt.index)
+            self._begin_output(utt.index)
         t_out = self.clock.now()
         start = self._play(first) if first is not None else None
         if start is None:
@@ -563,6 +564,8 @@ class CallSession:
             if self._playing is not utt:
                 break
             self._play(pcm)
+        if self._playing is utt:
+            self._play(np.zeros(0, dtype=np.int16), last=True)  # flush the resampler's tail
         utt.agent_audio_end_s = self.output.busy_until()
         self.bus.emit(TurnCompleted(self.session_id, self.clock.now(), report=utt.to_dict()))
 
@@ -572,13 +575,23 @@ class CallSession:
         if pcm is None:
             pcm = self._fallback_pcm[text] = await asyncio.to_thread(self.engines.tts.synth, text)
         self._playing = utt
-        self.output.begin_turn(utt.index)
+        self._begin_output(utt.index)
         return self._play(pcm)
 
-    def _play(self, pcm: np.ndarray) -> float | None:
-        if self.muted or len(pcm) == 0:
+    def _begin_output(self, turn: int) -> None:
+        self.output.begin_turn(turn)
+        # one stateful resampler per reply: clause joins get no filter edges
+        self._out_rs = StreamResampler(self.engines.tts.sample_rate, self.output.sample_rate)
+
+    def _play(self, pcm: np.ndarray, last: bool = False) -> float | None:
+        if self.muted or (len(pcm) == 0 and not last):
             return None
-        out = resample(pcm, self.engines.tts.sample_rate, self.output.sample_rate)
+        if self._out_rs is None:
+            self._begin_output(-1)
+        assert self._out_rs is not None
+        out = self._out_rs.process(pcm, last=last)
+        if len(out) == 0:
+            return None
         return self.output.play(out)
 
     def _check_budgets(self, utt: TurnRecord) -> None:

@@ -1,0 +1,127 @@
+"""``voice-agent livekit dev|start``: run the agent as a livekit-agents worker.
+
+The worker registers with a LiveKit server; for each room it is dispatched to, a job joins
+the room and runs our pipeline for one caller at a time (voice/transports/livekit_room.py).
+``dev`` is development mode (colored debug logs, no load limit, no idle job processes kept
+warm); ``start`` is production mode. Connection settings: ``--url/--api-key/--api-secret``,
+else ``livekit.url/api_key/api_secret`` in the config, else ``LIVEKIT_URL``,
+``LIVEKIT_API_KEY``, ``LIVEKIT_API_SECRET``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from pipelines.config import AgentConfig, ConfigError, load_config
+
+# Loading Whisper, the LM and Piper takes 5-20 s on a busy 2-core machine; livekit-agents'
+# default allows 10 s before it kills a job process that is still starting.
+PROCESS_START_TIMEOUT_S = 180.0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "livekit",
+        help="run as a LiveKit agent worker (dev | start)",
+        description=(
+            "Run the voice agent as a livekit-agents worker. Each room job joins the room, talks to the first "
+            "participant who publishes audio (or livekit.participant), and publishes the agent's voice. "
+            "Needs a LiveKit server: for local development run `livekit-server --dev` and use "
+            "--url ws://127.0.0.1:7880 --api-key devkey --api-secret secret."
+        ),
+    )
+    modes = p.add_subparsers(dest="mode", metavar="MODE", required=True)
+    for mode, text in (
+        ("dev", "development mode: debug logs, no load limit, job processes started on demand"),
+        ("start", "production mode: info logs, load-based availability, a warm job process"),
+    ):
+        m = modes.add_parser(mode, help=text, description=f"Run the worker in {text}.")
+        m.add_argument("--url", default=None, help="LiveKit server URL (else livekit.url, else $LIVEKIT_URL)")
+        m.add_argument("--api-key", default=None, help="API key (else livekit.api_key, else $LIVEKIT_API_KEY)")
+        m.add_argument(
+            "--api-secret", default=None, help="API secret (else livekit.api_secret, else $LIVEKIT_API_SECRET)"
+        )
+        m.add_argument("--participant", default=None, help="only talk to this participant identity")
+        m.add_argument("--agent-name", default="", help="register for explicit dispatch under this name")
+        m.add_argument("--log-level", default=None, help="DEBUG, INFO, WARN, ERROR (default: DEBUG in dev)")
+        m.add_argument("--config", metavar="PATH", default=None, help="YAML config file")
+        m.add_argument("--mqtt", metavar="mqtt://HOST:PORT", default=None, help="publish events to this MQTT broker")
+        m.set_defaults(func=_run)
+
+
+def configure(args: argparse.Namespace, environ: dict[str, str] | None = None) -> AgentConfig:
+    """The config with command-line flags and LIVEKIT_* variables applied; raises ConfigError
+    naming what is missing."""
+    env = os.environ if environ is None else environ
+    cfg = load_config(args.config)
+    lk = cfg.livekit
+    lk.url = args.url or lk.url or env.get("LIVEKIT_URL")
+    lk.api_key = args.api_key or lk.api_key or env.get("LIVEKIT_API_KEY")
+    lk.api_secret = args.api_secret or lk.api_secret or env.get("LIVEKIT_API_SECRET")
+    if args.participant:
+        lk.participant = args.participant
+    missing = [
+        name for name, value in (("URL", lk.url), ("API key", lk.api_key), ("API secret", lk.api_secret)) if not value
+    ]
+    if missing:
+        raise ConfigError(
+            f"no LiveKit {', '.join(missing)}: pass --url/--api-key/--api-secret, set livekit.* in the config, "
+            "or export LIVEKIT_URL, LIVEKIT_API_KEY and LIVEKIT_API_SECRET"
+        )
+    if not str(lk.url).startswith(("ws://", "wss://", "http://", "https://")):
+        raise ConfigError(f"livekit.url must start with ws://, wss://, http:// or https://, got {lk.url!r}")
+    if args.mqtt:
+        from pipelines.mqtt import apply_mqtt_url
+
+        cfg.mqtt = apply_mqtt_url(cfg.mqtt, args.mqtt)
+    return cfg
+
+
+def build_server(cfg: AgentConfig, agent_name: str = "", dev: bool = False) -> Any:
+    """An ``AgentServer`` whose job processes load our engines once and run `entrypoint`."""
+    from livekit.agents import AgentServer
+
+    from voice.transports.livekit_room import CONFIG_ENV, entrypoint, prewarm
+
+    os.environ[CONFIG_ENV] = cfg.model_dump_json()  # job processes are spawned: they read it back
+    kwargs: dict[str, Any] = {
+        "setup_fnc": prewarm,
+        "initialize_process_timeout": PROCESS_START_TIMEOUT_S,
+        "job_memory_warn_mb": 3000,
+        "ws_url": cfg.livekit.url,
+        "api_key": cfg.livekit.api_key,
+        "api_secret": cfg.livekit.api_secret,
+    }
+    if not dev:
+        kwargs["num_idle_processes"] = 1  # each process holds all three models
+    server = AgentServer(**kwargs)
+    server.rtc_session(entrypoint, agent_name=agent_name)
+    return server
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        cfg = configure(args)
+    except ConfigError as exc:
+        print(f"voice-agent livekit: {exc}", file=sys.stderr)
+        return 2
+    from livekit.agents.cli import proto
+    from livekit.agents.cli.cli import _run_worker  # the runner behind `python -m livekit.agents start`
+
+    dev = args.mode == "dev"
+    server = build_server(cfg, args.agent_name, dev)
+    _run_worker(
+        server,
+        proto.CliArgs(
+            log_level=args.log_level or ("DEBUG" if dev else "INFO"),
+            url=cfg.livekit.url,
+            api_key=cfg.livekit.api_key,
+            api_secret=cfg.livekit.api_secret,
+            log_format="colored" if dev else "json",
+            dev=dev,
+        ),
+    )
+    return 0
