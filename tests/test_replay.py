@@ -13,7 +13,7 @@ import soundfile as sf
 
 from pipelines.replay import replay_pcm, write_two_channel
 from tests import speech
-from tests.wer import wer
+from tests.wer import wer, words
 from voice.audio import read_wav
 
 RATE = 16000
@@ -73,7 +73,8 @@ async def test_realtime_and_fast_modes_give_the_same_transcripts(agent) -> None:
     pcm, bounds = build_call([lv[1], lv[4]], gap_s=2.5)
     fast, _ = await replay_pcm(agent, pcm, RATE, fast=True)
     real, _ = await replay_pcm(agent, pcm, RATE, fast=False)
-    assert [t["transcript"] for t in fast["turns"]] == [t["transcript"] for t in real["turns"]]
+    # the same words; Whisper's punctuation may differ with a few ms more or less of trailing audio
+    assert [words(t["transcript"]) for t in fast["turns"]] == [words(t["transcript"]) for t in real["turns"]]
     assert all(t["gap_ms"] is not None and t["gap_ms"] > 0 for t in real["turns"])
 
 
