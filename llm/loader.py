@@ -29,8 +29,12 @@ from llm.tokenizer import EOT, MASK, ChatTokenizer
 from pipelines.config import LlmConfig
 
 EMBEDDED = Path(__file__).parent / "weights" / "mdlm"
-LLADA_MASK_ID = 126336
-DREAM_MASK_ID = 151666
+# mask token of the released checkpoints, by string and by id, for when neither config.json
+# nor the tokenizer names one
+MASK_TOKENS = {"llada": "<|mdm_mask|>", "dream": "<|mask|>"}
+DEFAULT_MASK_IDS = {"llada": 126336, "dream": 151666}
+# chat-format tokens that end an assistant turn besides the tokenizer's eos/pad
+TURN_END_TOKENS = ("<|eot_id|>", "<|im_end|>", "<|endoftext|>", "<|end|>")
 
 
 class ModelLoadError(RuntimeError):
@@ -57,7 +61,10 @@ def _offline() -> None:
 
 
 def detect_kind(path: Path) -> str:
-    cfg = json.loads((path / "config.json").read_text())
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path / 'config.json'} is not readable JSON: {exc}") from exc
     mt = str(cfg.get("model_type", "")).lower()
     if "llada" in mt:
         return "llada"
@@ -68,7 +75,9 @@ def detect_kind(path: Path) -> str:
 
 def load_lm(cfg: LlmConfig) -> LoadedLM:
     _offline()
-    path = Path(cfg.model_path) if cfg.model_path else EMBEDDED
+    path = Path(cfg.model_path).expanduser() if cfg.model_path else EMBEDDED
+    if not path.is_dir():
+        raise ModelLoadError(f"no model directory at {path}")
     if not (path / "config.json").exists():
         raise ModelLoadError(f"no model at {path} (config.json missing)")
     kind = detect_kind(path) if cfg.kind == "auto" else cfg.kind
@@ -134,15 +143,25 @@ def _hf_tokenizer_lm(
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=kind != "masked_lm")
-    mask = mask_id if mask_id is not None else tok.mask_token_id
-    if mask is None:
-        raise ModelLoadError(f"{path}: tokenizer has no mask token")
+    vocab = tok.get_vocab()
+    if mask_id is None:
+        mask_id = tok.mask_token_id
+    if mask_id is None and kind in MASK_TOKENS:
+        mask_id = vocab.get(MASK_TOKENS[kind], DEFAULT_MASK_IDS[kind])
+    if mask_id is None:
+        raise ModelLoadError(f"{path}: no mask token (neither config.json nor the tokenizer names one)")
+    n_logits = int(getattr(model.config, "vocab_size", 0) or 0)
+    if n_logits and not 0 <= mask_id < n_logits:
+        raise ModelLoadError(f"{path}: mask token id {mask_id} is outside the model's vocabulary of {n_logits}")
     eot = tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id
     if eot is None:
         raise ModelLoadError(f"{path}: tokenizer has no end token (eos or sep)")
     pad = tok.pad_token_id if tok.pad_token_id is not None else eot
-    forbidden = tuple(i for i in (tok.bos_token_id, tok.cls_token_id) if i is not None and i not in (eot, pad))
-    special = SpecialTokens(mask=mask, eot=eot, pad=pad, forbidden=forbidden)
+    ends = tuple(vocab[t] for t in TURN_END_TOKENS if t in vocab and vocab[t] not in (eot, pad, mask_id))
+    forbidden = tuple(
+        i for i in (tok.bos_token_id, tok.cls_token_id) if i is not None and i not in (eot, pad, mask_id, *ends)
+    )
+    special = SpecialTokens(mask=mask_id, eot=eot, pad=pad, forbidden=forbidden, ends=ends)
 
     def prompt_ids(text: str, history: list[tuple[str, str]], max_len: int) -> list[int]:
         msgs = []
@@ -151,7 +170,7 @@ def _hf_tokenizer_lm(
         msgs.append({"role": "user", "content": text})
         if getattr(tok, "chat_template", None):
             ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict):
+            if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding by default
                 ids = ids["input_ids"]
         else:
             ids = tok("".join(f"{m['role']}: {m['content']}\n" for m in msgs) + "assistant:")["input_ids"]
@@ -168,9 +187,6 @@ def _load_remote(path: Path, kind: str) -> LoadedLM:
 
     model = AutoModel.from_pretrained(str(path), local_files_only=True, trust_remote_code=True, dtype=torch.float32)
     model.eval()
-    cfg = model.config
-    if kind == "llada":
-        mask = int(getattr(cfg, "mask_token_id", None) or LLADA_MASK_ID)
-        return _hf_tokenizer_lm(kind, model, _full_logits(model), path, mask)
-    mask = int(getattr(cfg, "mask_token_id", None) or DREAM_MASK_ID)
-    return _hf_tokenizer_lm(kind, model, _full_logits(model, shift=True), path, mask)
+    mask = getattr(model.config, "mask_token_id", None)
+    shift = kind == "dream"  # Dream predicts token i from position i-1
+    return _hf_tokenizer_lm(kind, model, _full_logits(model, shift=shift), path, None if mask is None else int(mask))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -42,11 +42,12 @@ class Responder:
         return cls(load_lm(cfg), cfg)
 
     def options(self, deadline: float | None = None, **overrides: object) -> DecodeOptions:
-        c = self.cfg
-        kw: dict[str, object] = dict(
-            block_len=c.block_len, steps=c.steps, min_steps=c.min_steps, tau=c.tau, score=c.score,
-            gamma=c.gamma, sub_block=c.sub_block, eot_penalty=c.eot_penalty, deadline=deadline,
-        )
+        """Decoder options from the config: every `LlmConfig` field named like a
+        `DecodeOptions` field is used, so a decoder option added to the config takes effect."""
+        kw: dict[str, object] = {
+            f.name: getattr(self.cfg, f.name) for f in fields(DecodeOptions) if hasattr(self.cfg, f.name)
+        }
+        kw["deadline"] = deadline
         kw.update(overrides)
         return DecodeOptions(**kw)  # type: ignore[arg-type]
 
@@ -90,26 +91,37 @@ class Responder:
         cancel: threading.Event | None = None,
     ) -> Reply:
         """Warm start from ``prev`` for a changed prompt. One scoring pass with the new prompt
-        finds the positions that depend on the change (their argmax moved) and those that were
-        never confident; only those are re-masked and re-decoded."""
+        finds the positions that depend on the change (their best outcome moved) and those that
+        were never confident; only those are re-masked and re-decoded. The end token and the
+        padding after it count as one outcome, "the reply ends here", as in the decoder: if
+        the end token is re-masked, so is everything after it, and the reply may grow."""
         deadline = time.perf_counter() + deadline_s if deadline_s is not None else None
         prompt = self._prompt(user_text, history)
         sp = self.lm.special
         block = list(prev.block)
+        if len(block) != self.cfg.block_len or len(prev.confidence) != len(block):
+            raise ValueError(f"previous block has {len(block)} positions, the config says {self.cfg.block_len}")
         ids = torch.tensor([prompt + block])
         attn = torch.ones_like(ids)
         with torch.no_grad():
             probs = self.lm.logits_fn(ids, attn, len(prompt)).float().softmax(-1)[0]
-        top = probs.max(-1)
-        remask = []
-        for j, tok in enumerate(block):
-            if tok == sp.pad:
-                remask.append(True)
-                continue
-            p_tok = float(probs[j, tok])
-            moved = int(top.indices[j]) != tok
-            remask.append(moved or p_tok < keep_threshold or prev.confidence[j] < keep_threshold)
-        # an end token that moved frees everything after it
+        ends = sp.end_ids
+        p_end = probs[:, ends].sum(-1)
+        words = probs.clone()
+        words[:, [sp.mask, *sp.forbidden, *ends]] = 0.0
+        best_word = words.max(-1)
+        end_at = block.index(sp.eot) if sp.eot in block else len(block)
+        remask = [False] * len(block)
+        for j in range(end_at + 1 if end_at < len(block) else len(block)):
+            tok = block[j]
+            if tok == sp.eot:
+                p_tok, moved = float(p_end[j]), float(p_end[j]) < float(best_word.values[j])
+            else:
+                p_tok = float(probs[j, tok])
+                moved = int(best_word.indices[j]) != tok or float(p_end[j]) > float(best_word.values[j])
+            remask[j] = moved or p_tok < keep_threshold or prev.confidence[j] < keep_threshold
+        if end_at < len(block) and remask[end_at]:
+            remask[end_at:] = [True] * (len(block) - end_at)  # the reply may now run longer
         res = generate_block(
             self.lm.logits_fn, prompt, sp, self.options(deadline), init_block=block, remask=remask,
             should_stop=cancel.is_set if cancel else None,

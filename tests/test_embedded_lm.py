@@ -1,0 +1,82 @@
+"""The embedded masked diffusion LM answers held-out prompts with real replies, decoded the
+way the agent decodes them (default LlmConfig). The test asserts quality bounds that a
+collapsed model (empty or end-token replies) or a degenerate one (a block of "....", the same
+reply to every prompt, a reply that loops, salad of word pieces) cannot meet; it never
+asserts exact strings. Human replies to the same prompts score: 9.6 words, distinct-2 0.99,
+self distinct-2 1.0, known words 0.99, attested trigrams 0.43. The bounds sit below that:
+they catch degeneration and word salad; they do not certify good conversation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llm.loader import EMBEDDED
+from llm.quality import Lexicon, quality_report
+
+torch.set_num_threads(1)
+
+pytestmark = pytest.mark.skipif(
+    not (EMBEDDED / "model.safetensors").exists(),
+    reason=f"embedded weights missing: train them with `python -m llm.train --arch mdlm --out {EMBEDDED}`",
+)
+
+N_PROMPTS = 24
+
+
+@pytest.fixture(scope="module")
+def corpus() -> tuple[list, Lexicon]:
+    pytest.importorskip("chitchat_dataset", reason="held-out prompts come from chitchat-dataset (extra 'train')")
+    from llm.data import all_pairs, split_pairs
+
+    train, held = split_pairs(all_pairs(1234), 300, 1234)  # llm.train's split: never trained on
+    return held[:N_PROMPTS], Lexicon(p.response for p in train)
+
+
+@pytest.fixture(scope="module")
+def heldout(corpus: tuple[list, Lexicon]) -> list:
+    return corpus[0]
+
+
+@pytest.fixture(scope="module")
+def responder():  # noqa: ANN201
+    from llm.responder import Responder
+    from pipelines.config import LlmConfig
+
+    return Responder.load(LlmConfig())
+
+
+def test_replies_to_heldout_prompts_meet_quality_bounds(responder, corpus: tuple[list, Lexicon]) -> None:  # noqa: ANN001
+    heldout, lexicon = corpus
+    replies = responder.generate_batch([p.prompt for p in heldout])
+    texts = [r.text for r in replies]
+    eot = responder.lm.special.eot
+    q = quality_report(texts, [p.response for p in heldout], [r.ids for r in replies],
+                       [eot in r.block for r in replies], lexicon=lexicon)
+    summary = f"{q.as_dict()} samples={texts[:4]}"
+    assert q.empty_share == 0.0, summary  # no collapse to an immediate end token
+    assert q.mean_words >= 3.0, summary
+    assert q.distinct_2 >= 0.2, summary  # not one reply for all prompts, not a repeated filler
+    assert q.self_distinct_2 >= 0.8, summary  # replies do not loop
+    assert q.adjacent_repeat_share <= 0.1, summary
+    assert q.known_word_share >= 0.9, summary  # real words, not glued word pieces
+    assert q.attested_trigram_share >= 0.3, summary  # word sequences people write, not salad
+    assert q.token_f1 >= 0.05, summary  # some overlap with what a person answered
+    assert all(r.stats.steps <= responder.cfg.steps for r in replies)
+
+
+def test_reply_ends_within_the_block_and_is_clean_text(responder, heldout: list) -> None:  # noqa: ANN001
+    sp = responder.lm.special
+    replies = [responder.generate(p.prompt) for p in heldout[:6]]
+    for r in replies:
+        assert r.text and r.text == r.text.strip()
+        assert "<mask>" not in r.text and "<eot>" not in r.text and "<pad>" not in r.text
+        assert sp.mask not in r.block
+    assert sum(sp.eot in r.block for r in replies) >= 4  # most replies end inside the block
+
+
+def test_phone_persona_prompts_get_distinct_replies(responder) -> None:  # noqa: ANN001
+    prompts = ["Hello?", "Can you hear me?", "I want to talk to a person.", "Thanks, goodbye!"]
+    texts = [responder.generate(p).text for p in prompts]
+    assert all(len(t.split()) >= 2 for t in texts), texts
+    assert len(set(texts)) >= 3, texts
