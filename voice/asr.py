@@ -102,6 +102,8 @@ class WhisperEngine:
         t0 = time.perf_counter()
         if len(audio) == 0:
             return TranscriptResult("", 0.0, window)
+        if window < 30.0 and audio_s > window - 0.2 and audio_s <= min(2 * window, 30.0) - 0.2 < 30.0 - 0.2:
+            window = min(2 * window, 30.0)  # a long utterance: the next window up, still short of 30 s
         if window < 30.0 and audio_s <= window - 0.2:
             text, nsp = self._short_window(audio, window)
             if not looks_degenerate(text, audio_s):
