@@ -75,10 +75,10 @@ def ablation_settings(steps: int, tau: float | None) -> list[Setting]:
     """Decoder variants at one pass budget: what each decoding rule changes."""
     at = {"steps": steps, "tau": tau}
     variants = [
-        ("end ranked low (eot_penalty .5), repeats allowed", {"end_rule": "rank", "no_adjacent_repeat": False}),
-        ("end ranked low, no adjacent repeat", {"end_rule": "rank"}),
-        ("length rule, repeats allowed", {"no_adjacent_repeat": False}),
-        ("length rule, no adjacent repeat (default)", {}),
+        ("end ranked low (eot_penalty .5), repeats allowed", {"no_adjacent_repeat": False}),
+        ("end ranked low, no adjacent repeat (default)", {}),
+        ("length rule, repeats allowed", {"end_rule": "length", "no_adjacent_repeat": False}),
+        ("length rule, no adjacent repeat", {"end_rule": "length"}),
         ("default, sub-blocks of 8", {"sub_block": 8}),
         ("default, one sub-block of 32", {"sub_block": 32}),
         ("default, trim_tail", {"trim_tail": True}),
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     recommended = sweep_setting(rec_steps, rec_tau)
     if args.ablation:
         settings = ablation_settings(rec_steps, rec_tau)
-        recommended = settings[3]
+        recommended = settings[1]
     else:
         steps_list = args.steps or ([4, 8] if quick else [2, 4, 8, 16, 32])
         taus = [None if t == 0 else t for t in (args.tau or [0, 0.9])]

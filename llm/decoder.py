@@ -15,12 +15,13 @@ One entry point, `generate_block` (and `generate_blocks` for a batch of calls). 
   sub-block that still has masks; the pass budget is shared among the sub-blocks that still
   hold masks, so a reply that ends in the first sub-block gets every pass;
 - end of turn: the end token and padding are one outcome ("the reply is over here") whose
-  probability is their sum. With ``end_rule="length"`` (default) the first position whose
-  end probability reaches one half becomes the end token as soon as it does, fixing the
-  reply length the way Mask-Predict fixes a target length, and the positions before it are
-  words; before that, an end may still win a position as its likeliest outcome. With
-  ``end_rule="rank"`` end tokens compete with words but are ranked down by ``eot_penalty``.
-  Either way the block closes at its first end token and the rest is padding;
+  probability is their sum. With ``end_rule="rank"`` (default) an end competes with words
+  for a position but is ranked down by ``eot_penalty``, so the words around it settle first
+  and a weak model cannot collapse to an empty reply. With ``end_rule="length"`` the first
+  position whose end probability reaches ``end_threshold`` becomes the end token as soon as
+  it does, fixing the reply length the way Mask-Predict fixes a target length, and the
+  positions before it are words. Either way the block closes at its first end token and
+  the rest is padding; the benchmark's ``--ablation`` compares the two;
 - ``no_adjacent_repeat``: a position never takes the token committed next to it. Parallel
   decoding picks tokens from per-position marginals, and a weak model's marginals agree on
   frequent tokens, so neighbours decoded independently repeat ("....."); in the training
@@ -75,7 +76,7 @@ class DecodeOptions:
     eot_penalty: float = 0.5  # end_rule="rank" only
     min_len: int = 1  # the reply has at least this many tokens before an end token
     deadline: float | None = None  # absolute time.perf_counter() value
-    end_rule: EndRule = "length"
+    end_rule: EndRule = "rank"
     end_threshold: float = 0.5  # end_rule="length": end probability that fixes the length
     no_adjacent_repeat: bool = True
     trim_tail: bool = False  # once the end is fixed, leave the padding after it out of the passes

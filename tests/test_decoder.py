@@ -225,15 +225,24 @@ def test_end_token_trims_the_reply_and_pads_the_rest() -> None:
     assert res.block[6] == EOT and res.block[7:] == [PAD] * 9
 
 
-def test_rank_rule_also_ends_and_trims() -> None:
+def test_length_rule_also_ends_and_trims() -> None:
     fake = FakeLogits(end_from=6)
-    res = generate_block(fake, PROMPTS[0], SPECIAL, DecodeOptions(block_len=16, steps=16, tau=None, end_rule="rank"))
+    opts = DecodeOptions(block_len=16, steps=16, tau=None, end_rule="length")
+    res = generate_block(fake, PROMPTS[0], SPECIAL, opts)
+    assert res.ended and res.ids == [WORDS[j] for j in range(6)]
+
+
+def test_rank_rule_settles_words_before_the_end() -> None:
+    # the end is surer (0.9) than any word (0.6), yet words are committed first
+    fake = FakeLogits(end_from=6)
+    res = generate_block(fake, PROMPTS[0], SPECIAL, DecodeOptions(block_len=16, steps=16, tau=None))
+    assert fake.inputs[1][0, -16:].tolist().count(EOT) == 0
     assert res.ended and res.ids == [WORDS[j] for j in range(6)]
 
 
 def test_length_rule_fixes_the_length_on_the_first_pass() -> None:
     fake = FakeLogits(end_from=10, end_prob=0.6)
-    res = generate_block(fake, PROMPTS[0], SPECIAL, DecodeOptions(block_len=32, steps=8, tau=None))
+    res = generate_block(fake, PROMPTS[0], SPECIAL, DecodeOptions(block_len=32, steps=8, tau=None, end_rule="length"))
     assert len(res.ids) == 10 and res.ended
     # the end token was committed in the first pass: later passes only see masks before it
     assert fake.inputs[1][0, -32 + 10] == EOT
@@ -248,7 +257,7 @@ def test_a_reply_that_ends_in_the_first_sub_block_gets_every_pass() -> None:
             return super().__call__(ids, attn, start)
 
     fake = FakeLateEnd(end_from=10)
-    opts = DecodeOptions(block_len=32, steps=8, tau=None, sub_block=16)
+    opts = DecodeOptions(block_len=32, steps=8, tau=None, sub_block=16, end_rule="length")
     res = generate_block(fake, PROMPTS[0], SPECIAL, opts)
     assert len(res.ids) == 10 and res.ended
     # planned 4 passes for sub-block 0 of 2; once the end fixed one sub-block, it got the rest
@@ -258,7 +267,7 @@ def test_a_reply_that_ends_in_the_first_sub_block_gets_every_pass() -> None:
 
 def test_trim_tail_leaves_the_padding_out_of_later_passes() -> None:
     fake = FakeLogits(end_from=10, end_prob=0.6)
-    opts = DecodeOptions(block_len=32, steps=4, tau=None, trim_tail=True)
+    opts = DecodeOptions(block_len=32, steps=4, tau=None, trim_tail=True, end_rule="length")
     res = generate_block(fake, PROMPTS[0], SPECIAL, opts)
     assert len(res.ids) == 10 and res.block[10] == EOT and MASK not in res.block
     assert [x.shape[1] for x in fake.inputs] == [5 + 32, 5 + 11, 5 + 11, 5 + 11]
