@@ -96,7 +96,7 @@ class Row:
     options: dict
     tokens_per_s: dict[str, float] = field(default_factory=dict)  # "batch1", "batch8" -> median
     tokens_per_s_runs: dict[str, list[float]] = field(default_factory=dict)
-    ms_per_reply: dict[str, float] = field(default_factory=dict)
+    ms_per_reply: dict[str, float] = field(default_factory=dict)  # call to reply; a batch-8 call waits for all 8
     mean_useful_tokens: float = 0.0
     mean_passes: float = 0.0
     quality: dict = field(default_factory=dict)
