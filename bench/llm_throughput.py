@@ -81,7 +81,7 @@ def ablation_settings(steps: int, tau: float | None) -> list[Setting]:
         ("length rule, no adjacent repeat", {"end_rule": "length"}),
         ("default, sub-blocks of 8", {"sub_block": 8}),
         ("default, one sub-block of 32", {"sub_block": 32}),
-        ("default, trim_tail", {"trim_tail": True}),
+        ("default without trim_tail", {"trim_tail": False}),
         ("default, score=margin", {"score": "margin"}),
         ("default, score=entropy", {"score": "entropy"}),
         ("default, gamma=2", {"gamma": 2.0}),
@@ -159,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, help="timing repeats; the median is reported (default 3, quick 1)")
     ap.add_argument("--steps", type=int, nargs="+", help="diffusion pass budgets (default 2 4 8 16 32, quick 4 8)")
     ap.add_argument("--tau", type=float, nargs="+",
-                    help="thresholds; 0 means none (default: none, and 0.9 for 8 passes or more)")
-    ap.add_argument("--recommended", default="8,0.9", help="the default setting as STEPS,TAU (TAU 0: none)")
+                    help="thresholds; 0 means none (default: none, and 0.9 for 4 passes or more)")
+    ap.add_argument("--recommended", default="4,0.9", help="the default setting as STEPS,TAU (TAU 0: none)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
 
@@ -177,9 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         steps_list = args.steps or ([4, 8] if quick else [2, 4, 8, 16, 32])
         taus = [None if t == 0 else t for t in (args.tau or [0, 0.9])]
-        # with 4 passes or fewer every pass already commits a quarter of the block: a threshold
-        # rarely adds anything there, so the default sweep only crosses tau with larger budgets
-        settings = [sweep_setting(s, t) for s in steps_list for t in taus if args.tau or s >= 8 or t is None]
+        # with 2 passes every pass already commits half the block: a threshold adds nothing
+        settings = [sweep_setting(s, t) for s in steps_list for t in taus if args.tau or s >= 4 or t is None]
         if all(s.options != recommended.options for s in settings):
             settings.append(recommended)
 

@@ -72,7 +72,7 @@ class FakeLogits:
         return probs.clamp_min(1e-9).log()
 
 
-def tiny_mdlm(seed: int = 0) -> ModernBertForMaskedLM:
+def tiny_mdlm(seed: int = 0, end_bias: float = 0.0) -> ModernBertForMaskedLM:
     torch.manual_seed(seed)
     cfg = ModernBertConfig(
         vocab_size=VOCAB,
@@ -98,6 +98,7 @@ def tiny_mdlm(seed: int = 0) -> ModernBertForMaskedLM:
         for name, p in model.named_parameters():
             if "norm" not in name:
                 p.normal_(0.0, 0.3)
+        model.decoder.bias[PAD] += end_bias  # > 0: some replies end inside the block
     return model
 
 
@@ -199,7 +200,7 @@ def test_sub_blocks_fill_left_to_right() -> None:
         {"steps": 4, "tau": None},
         {"steps": 8, "tau": 0.9},
         {"steps": 32, "tau": 0.5, "sub_block": 8},
-        {"steps": 6, "tau": None, "gamma": 3.0, "end_rule": "rank"},
+        {"steps": 6, "tau": None, "gamma": 3.0, "end_rule": "length", "trim_tail": False},
         {"steps": 1, "tau": None},
     ],
 )
@@ -245,7 +246,7 @@ def test_length_rule_fixes_the_length_on_the_first_pass() -> None:
     res = generate_block(fake, PROMPTS[0], SPECIAL, DecodeOptions(block_len=32, steps=8, tau=None, end_rule="length"))
     assert len(res.ids) == 10 and res.ended
     # the end token was committed in the first pass: later passes only see masks before it
-    assert fake.inputs[1][0, -32 + 10] == EOT
+    assert fake.inputs[1][0, 5 + 10] == EOT
 
 
 def test_a_reply_that_ends_in_the_first_sub_block_gets_every_pass() -> None:
@@ -434,15 +435,19 @@ def test_warm_start_with_nothing_remasked_costs_no_pass() -> None:
     "kw",
     [
         {"steps": 8, "tau": None},
+        {"steps": 8, "tau": None, "trim_tail": False},
         {"steps": 16, "tau": 0.2, "sub_block": 8},
-        {"steps": 5, "tau": None, "end_rule": "rank", "score": "margin"},
+        {"steps": 5, "tau": None, "end_rule": "length", "score": "margin"},
+        {"steps": 12, "tau": None, "end_rule": "length", "score": "entropy", "min_len": 0},
     ],
 )
 def test_batched_output_equals_per_call_output(kw: dict) -> None:
-    model = tiny_mdlm(seed=3)
+    model = tiny_mdlm(seed=3, end_bias=2.0)
     fn = model_logits(model)
     opts = DecodeOptions(block_len=16, **kw)  # type: ignore[arg-type]
     batched = generate_blocks(fn, PROMPTS, SPECIAL, opts)
+    # rows that end at different places (or not at all) share the batch
+    assert 1 <= sum(b.ended for b in batched) < len(batched) or len({len(b.ids) for b in batched}) > 1
     for prompt, b in zip(PROMPTS, batched, strict=True):
         single = generate_block(fn, prompt, SPECIAL, opts)
         assert single.block == b.block
