@@ -127,6 +127,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pad-weight", type=float, default=0.1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--order-seed", type=int,
+                    help="seed of the data order only (default --seed); a continued run sets a new one so it does not "
+                         "replay the batches of the run it continues, while the held-out split stays fixed")
     ap.add_argument("--extra-persona", type=int, default=0, help="extra copies of the generated call persona slice")
     ap.add_argument("--max-steps", type=int, help="stop after this many optimizer steps (to match another run)")
     ap.add_argument("--init", type=Path, help="continue from the weights in this directory")
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    rng = random.Random(args.seed)
+    rng = random.Random(args.seed if args.order_seed is None else args.order_seed)
     gen = torch.Generator().manual_seed(args.seed)
 
     pairs = all_pairs(args.seed)
@@ -199,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         meta = {
             "arch": args.arch, "params": n_params, "steps": step, "epochs_started": epoch,
             "minutes": round((time.monotonic() - start) / 60, 2), "batch": args.batch, "lr": args.lr,
-            "pad_weight": args.pad_weight, "seed": args.seed, "threads": args.threads,
+            "pad_weight": args.pad_weight, "seed": args.seed, "order_seed": args.order_seed, "threads": args.threads,
             "train_pairs": len(data), "extra_persona": args.extra_persona, "init": str(args.init or ""),
             "heldout": HELDOUT, "prompt_len": PROMPT_LEN, "block_len": BLOCK_LEN,
             "loss_curve": [round(sum(c) / len(c), 4) for c in (losses[i : i + 100] for i in range(0, step, 100))],
