@@ -35,7 +35,8 @@ def corpus_wer(pairs: list[tuple[str, str]]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--windows", default="30,15,10,8,6")
+    ap.add_argument("--windows", default="30,15,10,8,auto",
+                    help="comma-separated seconds; 'auto' = the adaptive window (min_window_s..window_s)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -44,8 +45,9 @@ def main() -> None:
     clips = [speech.jfk(), *speech.librivox(), *speech.cards()]
     audio = [(c.text, read_wav(c.path, 16000)[0].astype(np.float32) / 32768) for c in clips]
     rows = []
-    for w in [float(x) for x in args.windows.split(",")]:
-        times, pairs, fallbacks = [], [], 0
+    for spec in args.windows.split(","):
+        w = None if spec == "auto" else float(spec)
+        times, pairs, fallbacks, used = [], [], 0, []
         for ref, a in audio:
             per = []
             for _ in range(args.repeats):
@@ -54,14 +56,16 @@ def main() -> None:
             times.append(statistics.median(per))
             pairs.append((ref, r.text))
             fallbacks += int(r.fell_back)
-        rows.append({"window_s": w, "median_s": statistics.median(times), "wer": corpus_wer(pairs),
+            used.append(r.window_s)
+        rows.append({"window_s": spec if w is None else w, "windows_used": used, "median_s": statistics.median(times),
+                     "mean_s": statistics.fmean(times), "wer": corpus_wer(pairs),
                      "fallbacks": fallbacks, "utterances": len(audio)})
     base = next(r for r in rows if r["window_s"] == 30.0)
-    print(f"{'window':>7} {'median s':>9} {'x faster':>9} {'WER':>6} {'fallbacks':>9}")
+    print(f"{'window':>7} {'median s':>9} {'mean s':>7} {'x faster':>9} {'WER':>6} {'fallbacks':>9}")
     for r in rows:
         r["speedup_vs_30s"] = base["median_s"] / r["median_s"]
-        print(f"{r['window_s']:>7.0f} {r['median_s']:>9.3f} {r['speedup_vs_30s']:>9.2f} {r['wer']:>6.3f} "
-              f"{r['fallbacks']:>5}/{r['utterances']}")
+        print(f"{r['window_s']!s:>7} {r['median_s']:>9.3f} {r['mean_s']:>7.3f} {r['speedup_vs_30s']:>9.2f} "
+              f"{r['wer']:>6.3f} {r['fallbacks']:>5}/{r['utterances']}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

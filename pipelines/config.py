@@ -40,7 +40,13 @@ class AsrConfig(_Section):
     beam_size: int = Field(1, ge=1, le=10)
     threads: int = Field(1, ge=1, le=16)
     language: str = "en"
-    window_s: float = Field(8.0, ge=2.0, le=30.0, description="encoder window (Whisper pads to it)")
+    window_s: float = Field(8.0, ge=2.0, le=30.0, description="largest short encoder window (Whisper pads to it)")
+    min_window_s: float = Field(
+        3.0, ge=1.0, le=30.0,
+        description="adaptive window: shorter audio gets the smallest whole second ≥ audio + window_margin_s, "
+                    "not below this; set it equal to window_s for a fixed window",
+    )
+    window_margin_s: float = Field(1.0, ge=0.2, le=5.0, description="silence after the audio inside the window")
     partial_interval_ms: int = Field(400, ge=100, le=5000)
 
 

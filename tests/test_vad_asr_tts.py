@@ -53,8 +53,8 @@ def test_vad_rejects_wrong_rate() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("window", [30.0, 8.0])
-def test_asr_wer_on_real_speech(engines, window: float) -> None:
+@pytest.mark.parametrize("window", [30.0, 8.0, None])  # None: the adaptive window
+def test_asr_wer_on_real_speech(engines, window: float | None) -> None:
     clips = [speech.jfk(), *speech.librivox()]
     errs = []
     for c in clips:
@@ -62,6 +62,18 @@ def test_asr_wer_on_real_speech(engines, window: float) -> None:
         res = engines.asr.transcribe(pcm.astype(np.float32) / 32768, window_s=window)
         errs.append(wer(c.text, res.text))
     assert float(np.mean(errs)) <= ASR_WER_BOUND, errs
+
+
+def test_adaptive_window_fits_the_audio(engines) -> None:
+    asr = engines.asr
+    cfg = asr.cfg  # defaults: min 3 s, margin 1 s, cap 8 s
+    assert asr.window_for(0.5) == cfg.min_window_s == 3.0
+    assert asr.window_for(2.5) == 4.0  # the smallest whole second with ≥ 1 s of silence after
+    assert asr.window_for(6.5) == 8.0  # capped at window_s
+    assert asr.window_for(11.0) == 16.0  # longer than the cap: the next window up
+    assert asr.window_for(20.0) == 30.0
+    assert asr.window_for(2.5, window_s=8.0) == 8.0  # an explicit window is used as asked
+    assert asr.window_for(2.5, window_s=30.0) == 30.0
 
 
 @pytest.mark.slow

@@ -95,24 +95,40 @@ class WhisperEngine:
         self.transcribe(noise)
         self.transcribe(noise, window_s=30.0)
 
+    def window_for(self, audio_s: float, window_s: float | None = None) -> float:
+        """The encoder window for ``audio_s`` seconds of audio: 30 means faster-whisper's own path.
+
+        The encoder's cost grows with the window, so short audio gets a short window: the
+        smallest whole second that leaves ``window_margin_s`` of silence after the audio, not
+        below ``min_window_s``. Audio longer than ``window_s`` gets twice that, then 30 s."""
+        cap = self.cfg.window_s if window_s is None else window_s
+        if cap >= 30.0:
+            return 30.0
+        if window_s is None:
+            fit = float(np.ceil(audio_s + self.cfg.window_margin_s))
+            want = min(cap, max(self.cfg.min_window_s, fit))
+        else:
+            want = cap  # an explicit window is taken as asked
+        if audio_s <= want - 0.2:
+            return want
+        if audio_s <= min(2 * cap, 30.0) - 0.2 < 29.8:
+            return min(2 * cap, 30.0)  # a long utterance: the next window up, still short of 30 s
+        return 30.0
+
     def transcribe(self, audio: np.ndarray, window_s: float | None = None) -> TranscriptResult:
-        """Blocking. ``audio`` is float32 mono at 16 kHz."""
-        window = self.cfg.window_s if window_s is None else window_s
+        """Blocking. ``audio`` is float32 mono at 16 kHz. ``window_s`` fixes the window (30 =
+        faster-whisper's path); by default it adapts to the audio length (`window_for`)."""
         audio_s = len(audio) / SAMPLE_RATE
         t0 = time.perf_counter()
         if len(audio) == 0:
-            return TranscriptResult("", 0.0, window)
-        if window < 30.0 and audio_s > window - 0.2 and audio_s <= min(2 * window, 30.0) - 0.2 < 30.0 - 0.2:
-            window = min(2 * window, 30.0)  # a long utterance: the next window up, still short of 30 s
-        if window < 30.0 and audio_s <= window - 0.2:
+            return TranscriptResult("", 0.0, self.window_for(0.0, window_s))
+        window = self.window_for(audio_s, window_s)
+        if window < 30.0:
             text, nsp = self._short_window(audio, window)
             if not looks_degenerate(text, audio_s):
                 return TranscriptResult(text, time.perf_counter() - t0, window, no_speech_prob=nsp)
-            fell_back = True
-        else:
-            fell_back = window < 30.0
         text = self._full_window(audio)
-        return TranscriptResult(text, time.perf_counter() - t0, 30.0, fell_back=fell_back)
+        return TranscriptResult(text, time.perf_counter() - t0, 30.0, fell_back=window < 30.0)
 
     def _full_window(self, audio: np.ndarray) -> str:
         with self._lock:
