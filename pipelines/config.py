@@ -48,13 +48,18 @@ class AsrConfig(_Section):
     )
     window_margin_s: float = Field(1.0, ge=0.2, le=5.0, description="silence after the audio inside the window")
     partial_interval_ms: int = Field(400, ge=100, le=5000)
+    tail_partial_ms: int = Field(
+        40, ge=0, le=1000,
+        description="after this much unvoiced audio (before the VAD pause), a partial starts at once if the ASR "
+                    "is idle: if the caller has stopped, it is the final transcript; 0 disables",
+    )
 
 
 class LlmConfig(_Section):
     model_path: str | None = Field(None, description="local checkpoint dir; default: the embedded MDLM")
     kind: Literal["auto", "masked_lm", "llada", "dream"] = "auto"
     block_len: int = Field(32, ge=4, le=256)
-    steps: int = Field(8, ge=1, le=256)
+    steps: int = Field(4, ge=1, le=256)
     min_steps: int = Field(1, ge=1, le=256)
     tau: float = Field(0.9, gt=0.0, le=1.0)
     score: Literal["max_prob", "margin", "entropy"] = "max_prob"

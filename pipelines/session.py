@@ -111,6 +111,8 @@ class CallSession:
         self._started_over_agent = False
         self._last_partial_samples = 0
         self._partial_task: asyncio.Task[None] | None = None
+        self._partial_end = 0.0  # call time of the end of the audio the newest partial covers
+        self._unvoiced_ms = 0.0  # unvoiced audio since the last voiced frame
         self._last_partial: tuple[float, str] | None = None  # (audio end it covers, text)
         self._specs: list[Speculation] = []
         self._responding: asyncio.Task[None] | None = None
@@ -209,6 +211,10 @@ class CallSession:
             return
         f16 = AudioFrame(pcm, ASR_RATE, frame.timestamp)
         for ev in self.vad.process(f16):
+            if ev.kind == "unvoiced":
+                self._unvoiced_ms += self.cfg.vad.frame_ms
+            elif ev.kind == "voiced":
+                self._unvoiced_ms = 0.0
             if ev.kind == "start":
                 self._on_speech_start(ev.t)
             elif ev.kind == "voiced":
@@ -264,6 +270,7 @@ class CallSession:
         self._committed = False
         self._in_pause = False
         self._last_partial_samples = 0
+        self._partial_end = 0.0
         self._specs.clear()
         self._pause_buf.clear()
         self._last_partial = None
@@ -308,11 +315,31 @@ class CallSession:
     def _maybe_partial(self) -> None:
         busy = self._partial_task is not None and not self._partial_task.done()
         spec_busy = any(not s.asr.done() for s in self._specs)
+        if busy or spec_busy or self.utt is None:
+            return
         n = int(self.asr.duration * ASR_RATE)
-        if busy or spec_busy or n - self._last_partial_samples < self.cfg.asr.partial_interval_ms * 16:
+        due = n - self._last_partial_samples >= self.cfg.asr.partial_interval_ms * 16
+        # The caller may just have stopped: a partial now covers every voiced frame, so if
+        # they have, it is the final transcript, ready before the VAD even reports the pause.
+        tail_ms = self.cfg.asr.tail_partial_ms
+        tail = (
+            tail_ms > 0
+            and not self._in_pause
+            and self._unvoiced_ms >= tail_ms
+            and self.utt.user_speech_end_s > self._partial_end
+        )
+        if not (due or tail):
             return
         self._last_partial_samples = n
+        self._partial_end = self.asr.audio_end
         self._partial_task = self._spawn(self._partial())
+
+    def _covering_partial(self) -> asyncio.Task[None] | None:
+        """The partial in flight, if it covers every voiced frame of the turn so far."""
+        task = self._partial_task
+        if task is None or task.done() or self.utt is None:
+            return None
+        return task if self._partial_end >= self.utt.user_speech_end_s else None
 
     async def _partial(self) -> None:
         utt = self.utt
@@ -383,7 +410,16 @@ class CallSession:
         utt = self.utt
         assert utt is not None
 
+        covering = self._covering_partial()
+
         async def hypothesis() -> str:
+            if covering is not None:
+                await asyncio.shield(covering)
+            last = self._last_partial
+            if utt is self.utt and last is not None and last[0] >= utt.user_speech_end_s:
+                # a partial (done, or running when the pause came) covers all the speech:
+                # it is this pause's hypothesis, and the ASR need not run again
+                return last[1]
             upd = await self.asr.process_iter()
             if upd.partial and utt is self.utt:
                 t = self.clock.now()

@@ -130,6 +130,26 @@ async def test_speculation_hit_plays_prepared_reply_at_once() -> None:
     assert any(isinstance(e, SpeculationStarted) for e in events)
 
 
+@pytest.mark.parametrize("tail_ms", [40, 0])
+async def test_tail_partial_is_the_final_transcript(tail_ms: int) -> None:
+    segs = [Seg(0.5, 2.0, "Can you hear me?")]
+    cfg = AgentConfig.model_validate({"asr": {"partial_interval_ms": 5000, "tail_partial_ms": tail_ms}})
+    session, out, events, responder, _ = make_session(segs, cfg)
+    asr = session.engines.asr
+    await play_script(session, segs, 4.0)
+    report = await session.close()
+    (turn,) = report["turns"]
+    assert turn["transcript"] == "Can you hear me?" and turn["speculation"]["hit"]
+    first_t = turn["partials"][0]["t"]
+    if tail_ms:
+        # 40 ms after the last voiced frame, before the VAD reports the pause (80 ms) ...
+        assert first_t == pytest.approx(2.0 + 0.04, abs=0.021)
+        # ... and the pause and the final reuse it: the whole turn cost one ASR run
+        assert asr.calls == 1
+    else:
+        assert first_t >= 2.0 + cfg.vad.stop_ms / 1000 - 1e-6  # only the pause hypothesis
+
+
 async def test_speculation_on_stale_audio_is_wasted_and_never_enters_history() -> None:
     segs = [Seg(0.5, 1.5, "I need"), Seg(1.75, 2.5, "a taxi please.")]
     cfg = AgentConfig()
