@@ -15,8 +15,9 @@ endpointer. Each call is replayed at real-time pace through:
 The gap is measured the same way for both: from the last webrtcvad-voiced frame of the
 caller's turn to the first agent sample out. A cut-off is agent audio starting while the
 caller's utterance (pauses included) is still in progress; a missed reply is an utterance
-with no agent audio before the next one. Prints p50/p95, cut-offs, misses, speculation hit
-rate, per-stage medians, violations, and the ratio of our p50 to LiveKit's.
+with no agent audio before the next one. Prints p50/p95, cut-offs (and the false cut-off
+rate: cut-offs per turn), misses, speculation hit rate and wasted compute, per-stage medians,
+violations, and the ratio of our p50 to LiveKit's.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     agent = await Agent.load(cfg)
     calls = build_calls(args.calls)
     ours: dict[str, Any] = {"gaps": [], "cutoffs": 0, "missed": 0, "hits": 0, "spec": 0, "violations": 0,
-                            "stages": {}}
+                            "stages": {}, "wasted_ms": 0.0, "recovered": 0}
     lk: dict[str, Any] = {"gaps": [], "cutoffs": 0, "missed": 0}
     for i, call in enumerate(calls):
         report, _ = await replay_pcm(agent, call["pcm"], RATE, fast=False)
@@ -115,6 +116,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         ours["missed"] += m
         ours["gaps"] += [t["gap_ms"] for t in report["turns"] if t["gap_ms"] is not None]
         ours["violations"] += report["summary"]["violations"]
+        ours["wasted_ms"] += report["summary"].get("speculation_wasted_ms", 0.0)
+        ours["recovered"] += report["summary"].get("cutoffs_recovered", 0)
         for t in report["turns"]:
             ours["spec"] += int(t["speculation"]["used"])
             ours["hits"] += int(t["speculation"]["hit"])
@@ -131,15 +134,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             lk["missed"] += m2
             lk["gaps"] += res["gaps_ms"]
             print(f"call {i}: livekit gaps {res['gaps_ms']} cutoffs {c2} missed {m2}", flush=True)
+    turns = sum(len(c["utterances"]) for c in calls)
+    paused = sum(1 for c in calls for u in c["utterances"] if u["mid_pause_s"])
     out = {
+        "turns": turns,
+        "turns_with_mid_pause": paused,
         "ours": {"p50_ms": pct(ours["gaps"], 50), "p95_ms": pct(ours["gaps"], 95), "cutoffs": ours["cutoffs"],
                  "missed": ours["missed"],
                  "speculation_hit_rate": round(ours["hits"] / ours["spec"], 3) if ours["spec"] else None,
                  "violations": ours["violations"],
                  "stage_p50_ms": {k: round(statistics.median(v), 1) for k, v in ours["stages"].items()},
-                 "turns": sum(len(c["utterances"]) for c in calls)},
+                 "false_cutoff_rate": round(ours["cutoffs"] / turns, 3),
+                 "premature_endpoints_taken_back": ours["recovered"],
+                 "speculation_wasted_s": round(ours["wasted_ms"] / 1000, 1)},
         "livekit": {"p50_ms": pct(lk["gaps"], 50), "p95_ms": pct(lk["gaps"], 95), "cutoffs": lk["cutoffs"],
-                    "missed": lk["missed"]} if not args.skip_livekit else None,
+                    "missed": lk["missed"], "false_cutoff_rate": round(lk["cutoffs"] / turns, 3)}
+        if not args.skip_livekit else None,
     }
     if out["livekit"] and out["livekit"]["p50_ms"] and out["ours"]["p50_ms"]:
         out["ratio_p50"] = round(out["ours"]["p50_ms"] / out["livekit"]["p50_ms"], 3)
@@ -148,7 +158,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calls", type=int, default=2)
+    ap.add_argument("--calls", type=int, default=4, help="3 turns each; 4 calls use every clip of the pool")
     ap.add_argument("--config")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--skip-livekit", action="store_true")

@@ -112,6 +112,7 @@ class CallSession:
         self._last_partial_samples = 0
         self._partial_task: asyncio.Task[None] | None = None
         self._partial_end = 0.0  # call time of the end of the audio the newest partial covers
+        self._awaited_by_pause: asyncio.Task[None] | None = None
         self._unvoiced_ms = 0.0  # unvoiced audio since the last voiced frame
         self._last_partial: tuple[float, str] | None = None  # (audio end it covers, text)
         self._specs: list[Speculation] = []
@@ -356,6 +357,7 @@ class CallSession:
         if (
             self.cfg.turn.speculation
             and completeness(upd.partial) >= 0.7
+            and asyncio.current_task() is not self._awaited_by_pause
             and not any(x.text is not None and same_words(x.text, upd.partial) for x in self._specs)
         ):
             self._add_spec(self._spec_for_text(upd.partial, n))
@@ -392,11 +394,30 @@ class CallSession:
                     return await asyncio.shield(other.reply)
             return await self._llm(text, history, speculative=True)
 
-        self._spawn(run_chain(spec, reply, self._first_audio))
+        async def first_audio(reply_text: str) -> tuple[str, np.ndarray] | None:
+            # the same reply's first clause is synthesised once per turn
+            for other in self._specs:
+                if other is not spec and other.first_audio is not None and other.reply is not None \
+                        and other.reply.done() and not other.reply.cancelled() and not other.first_audio.cancelled():
+                    prev = other.reply.result()
+                    if prev is not None and prev.text == reply_text:
+                        pcm = await asyncio.shield(other.first_audio)
+                        return (other.first_part, pcm) if pcm is not None else None
+            return await self._first_audio(reply_text)
+
+        self._spawn(run_chain(spec, reply, first_audio))
 
     def _speculate(self) -> None:
         if self.utt is None:
             return
+        last = self._last_partial
+        if (
+            self._covering_partial() is None
+            and last is not None
+            and last[0] >= self.utt.user_speech_end_s
+            and any(x.text is not None and same_words(x.text, last[1]) and not x.cancelled for x in self._specs)
+        ):
+            return  # a finished partial covers the speech and is already being answered
         live = [s for s in self._specs if not s.done]
         if not self.cfg.turn.speculation:
             # still compute the hypothesis at the pause: the endpointer needs it
@@ -411,6 +432,7 @@ class CallSession:
         assert utt is not None
 
         covering = self._covering_partial()
+        self._awaited_by_pause = covering  # that partial's answer is this speculation's
 
         async def hypothesis() -> str:
             if covering is not None:

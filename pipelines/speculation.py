@@ -44,6 +44,10 @@ class Speculation:
         return time.perf_counter() - self._t0
 
     @property
+    def cancelled(self) -> bool:
+        return any(t is not None and t.cancelled() for t in (self.asr, self.reply, self.first_audio))
+
+    @property
     def done(self) -> bool:
         tasks = [t for t in (self.asr, self.reply, self.first_audio) if t is not None]
         return all(t.done() for t in tasks)
