@@ -6,8 +6,9 @@ For held-out prompts, the partial is the prompt without its last 1-2 words and t
 the whole prompt. Cold: a fresh block for the final. Warm: the block already decoded for the
 partial is kept, its low-confidence and changed positions are re-masked (`redenoise`), and
 only those are decoded. Reports median wall time and denoising passes of both, the share of
-positions re-masked, and the token F1 of the warm reply against the cold one (how much the
-shortcut changes the answer). Medians over prompts, 1 torch thread.
+positions re-masked, the token F1 of the warm reply against the cold one (how much the
+shortcut changes the answer), and both replies' token F1 against the held-out reference (whether
+it costs quality). Medians over prompts, 1 torch thread.
 """
 
 from __future__ import annotations
@@ -49,9 +50,11 @@ def main() -> None:
     torch.set_num_threads(1)
     r = Responder.load(LlmConfig())
     _, held = split_pairs(all_pairs(1234), 300, 1234)
-    prompts = [p.prompt for p in held if 4 <= len(p.prompt.split()) <= 25][: args.n]
+    pairs = [p for p in held if 4 <= len(p.prompt.split()) <= 25][: args.n]
     cold_t, warm_t, cold_steps, warm_steps, remask_share, agree = [], [], [], [], [], []
-    for prompt in prompts:
+    cold_ref, warm_ref = [], []
+    for pair in pairs:
+        prompt = pair.prompt
         words = prompt.split()
         partial = " ".join(words[: -min(2, len(words) // 3)])
         prev = r.generate(partial)
@@ -65,8 +68,10 @@ def main() -> None:
         warm_steps.append(warm.stats.steps + 1)  # +1: the scoring pass that picks positions
         remask_share.append(warm.remasked / r.cfg.block_len)
         agree.append(token_f1(warm.text, cold.text))
+        cold_ref.append(token_f1(cold.text, pair.response))
+        warm_ref.append(token_f1(warm.text, pair.response))
     out = {
-        "prompts": len(prompts),
+        "prompts": len(pairs),
         "cold_median_ms": round(1000 * statistics.median(cold_t), 1),
         "warm_median_ms": round(1000 * statistics.median(warm_t), 1),
         "speedup": round(statistics.median(cold_t) / statistics.median(warm_t), 2),
@@ -74,6 +79,8 @@ def main() -> None:
         "warm_median_passes": statistics.median(warm_steps),
         "remasked_share_median": round(statistics.median(remask_share), 3),
         "warm_vs_cold_token_f1_mean": round(statistics.mean(agree), 3),
+        "cold_f1_vs_reference": round(statistics.mean(cold_ref), 3),
+        "warm_f1_vs_reference": round(statistics.mean(warm_ref), 3),
     }
     print(json.dumps(out, indent=2))
     if args.json:

@@ -9,6 +9,7 @@ is kept and only its low-confidence and changed positions are re-masked and re-d
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from dataclasses import dataclass, fields
@@ -86,15 +87,18 @@ class Responder:
         prev: Reply,
         user_text: str,
         history: list[tuple[str, str]] | tuple = (),
-        keep_threshold: float = 0.5,
+        keep_threshold: float = 0.2,
         deadline_s: float | None = None,
         cancel: threading.Event | None = None,
+        drop_ratio: float = 0.5,
     ) -> Reply:
         """Warm start from ``prev`` for a changed prompt. One scoring pass with the new prompt
-        finds the positions that depend on the change (their best outcome moved) and those that
-        were never confident; only those are re-masked and re-decoded. The end token and the
-        padding after it count as one outcome, "the reply ends here", as in the decoder: if
-        the end token is re-masked, so is everything after it, and the reply may grow."""
+        finds the positions that depend on the change (their best outcome moved, or their
+        token lost more than ``drop_ratio`` of its probability) and those that are not
+        confident (below ``keep_threshold``); only those are re-masked and re-decoded, with a
+        pass budget scaled to their share of the block. The end token and the padding after it
+        count as one outcome, "the reply ends here", as in the decoder: if the end token is
+        re-masked, so is everything after it, and the reply may grow."""
         deadline = time.perf_counter() + deadline_s if deadline_s is not None else None
         prompt = self._prompt(user_text, history)
         sp = self.lm.special
@@ -119,11 +123,15 @@ class Responder:
             else:
                 p_tok = float(probs[j, tok])
                 moved = int(best_word.indices[j]) != tok or float(p_end[j]) > float(best_word.values[j])
-            remask[j] = moved or p_tok < keep_threshold or prev.confidence[j] < keep_threshold
+            dropped = p_tok < drop_ratio * prev.confidence[j]
+            remask[j] = moved or dropped or p_tok < keep_threshold
         if end_at < len(block) and remask[end_at]:
             remask[end_at:] = [True] * (len(block) - end_at)  # the reply may now run longer
+        share = sum(remask) / len(block)
+        steps = max(1, math.ceil(self.cfg.steps * share))
+        opts = self.options(deadline, steps=steps, min_steps=min(steps, self.cfg.min_steps))
         res = generate_block(
-            self.lm.logits_fn, prompt, sp, self.options(deadline), init_block=block, remask=remask,
+            self.lm.logits_fn, prompt, sp, opts, init_block=block, remask=remask,
             should_stop=cancel.is_set if cancel else None,
         )
         return self._reply(res, user_text, remasked=sum(remask))
@@ -136,7 +144,7 @@ class Responder:
         denoising pass (torch cannot be interrupted mid-pass)."""
         cancel = threading.Event()
         if prev is not None:
-            fut = asyncio.to_thread(self.redenoise, prev, user_text, history, 0.5, deadline_s, cancel)
+            fut = asyncio.to_thread(self.redenoise, prev, user_text, history, deadline_s=deadline_s, cancel=cancel)
         else:
             fut = asyncio.to_thread(self.generate, user_text, history, deadline_s, cancel)
         try:

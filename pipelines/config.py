@@ -92,6 +92,9 @@ class TurnConfig(_Section):
     adapt_to_caller: bool = True
     speculation: bool = True
     max_speculations: int = Field(2, ge=0, le=8)
+    redenoise: bool = Field(
+        True, description="a new hypothesis re-decodes only the changed and unsure positions of the previous "
+                          "speculation's block (warm start) instead of starting from all masks")
     barge_in: bool = True
     barge_in_min_ms: int = Field(300, ge=0, le=3000, description="caller speech shorter than this is a backchannel")
     fallback: bool = False

@@ -24,7 +24,7 @@ class TurnRecord:
     gap_ms: float | None = None
     interrupted: bool = False
     speculation: dict[str, Any] = field(default_factory=lambda: {"used": False, "hit": False, "started": [],
-                                                                  "wasted_ms": 0.0})
+                                                                  "wasted_ms": 0.0, "warm_starts": 0})
     endpoint: dict[str, Any] = field(default_factory=dict)
     stages: dict[str, float] = field(default_factory=dict)
     llm_step_times_s: list[float] = field(default_factory=list)

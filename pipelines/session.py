@@ -392,7 +392,10 @@ class CallSession:
                 if other is not spec and other.reply is not None and other.text is not None \
                         and same_words(other.text, text) and not other.reply.cancelled():
                     return await asyncio.shield(other.reply)
-            return await self._llm(text, history, speculative=True)
+            prev = self._prev_reply(spec)
+            if prev is not None:
+                utt.speculation["warm_starts"] += 1
+            return await self._llm(text, history, speculative=True, prev=prev)
 
         async def first_audio(reply_text: str) -> tuple[str, np.ndarray] | None:
             # the same reply's first clause is synthesised once per turn
@@ -507,12 +510,24 @@ class CallSession:
 
     # ---------------------------------------------------------------- reply
 
-    async def _llm(self, text: str, history: list[tuple[str, str]], speculative: bool) -> Reply | None:
+    def _prev_reply(self, exclude: Speculation | None = None) -> Reply | None:
+        """The newest finished speculative block of this turn, to warm-start the next one."""
+        if not self.cfg.turn.redenoise:
+            return None
+        for s in reversed(self._specs):
+            if s is not exclude and s.reply is not None and s.reply.done() and not s.reply.cancelled():
+                if s.reply.exception() is None and s.reply.result() is not None:
+                    return s.reply.result()
+        return None
+
+    async def _llm(
+        self, text: str, history: list[tuple[str, str]], speculative: bool, prev: Reply | None = None
+    ) -> Reply | None:
         # Speculative work happens before the turn ends, so it gets a longer deadline than the
         # committed path's budget: it is still bounded, and it is cancellable.
         budget_s = self.budgets.llm_block_ms / 1000.0
         deadline = budget_s * 4 if speculative else budget_s
-        return await self.engines.responder.agenerate(text, history, deadline_s=max(deadline, 0.005))
+        return await self.engines.responder.agenerate(text, history, deadline_s=max(deadline, 0.005), prev=prev)
 
     async def _first_audio(self, reply_text: str) -> tuple[str, np.ndarray] | None:
         parts = self.engines.tts.split(reply_text)
@@ -565,6 +580,7 @@ class CallSession:
         if hit:
             assert spec is not None and spec.reply is not None
             reply = await spec.reply
+        warm = self._prev_reply() if not hit else None  # before the other speculations go
         for s in self._specs:
             if s is not spec:
                 w = s.cancel()
@@ -577,7 +593,9 @@ class CallSession:
             # Nothing is ready to say: cover the wait with a short acknowledgement.
             fallback_start = await self._play_fallback(utt)
         if reply is None:
-            reply = await self._llm(utt.transcript, list(self.history), speculative=False)
+            if warm is not None:
+                utt.speculation["warm_starts"] += 1
+            reply = await self._llm(utt.transcript, list(self.history), speculative=False, prev=warm)
         t_llm = self.clock.now()
         if reply is None or not reply.text:
             return

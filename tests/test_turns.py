@@ -68,9 +68,11 @@ class FakeResponder:
         self.latency_s = latency_s
         self.reply = reply
         self.calls: list[str] = []
+        self.warm_from: list[str | None] = []  # the earlier prompt each call was warm-started from
 
     async def agenerate(self, text: str, history=(), deadline_s: float | None = None, prev=None) -> Reply:
         self.calls.append(text)
+        self.warm_from.append(None if prev is None else prev.prompt)
         self.clock.t += self.latency_s  # scripted stage latency
         await asyncio.sleep(0)
         return Reply(self.reply, [1, 2, 3], [1, 2, 3], [1.0] * 3, DecodeStats(steps=3, step_times=[0.001] * 3), text)
@@ -161,6 +163,19 @@ async def test_speculation_on_stale_audio_is_wasted_and_never_enters_history() -
     assert len(turn["speculation"]["started"]) >= 2  # at least one per pause (and on complete-looking partials)
     assert turn["speculation"]["hit"]
     assert session.history == [("I need a taxi please.", responder.reply)]
+    # the block for the longer hypothesis was warm-started from the one for "I need"
+    assert responder.calls[0] == "I need" and responder.warm_from[0] is None
+    assert "I need" in responder.warm_from[1:] and turn["speculation"]["warm_starts"] >= 1
+
+
+async def test_redenoise_off_always_starts_from_masks() -> None:
+    segs = [Seg(0.5, 1.5, "I need"), Seg(1.75, 2.5, "a taxi please.")]
+    cfg = AgentConfig.model_validate({"turn": {"redenoise": False}})
+    session, out, events, responder, _ = make_session(segs, cfg)
+    await play_script(session, segs, 4.5)
+    report = await session.close()
+    assert len(responder.calls) >= 2 and responder.warm_from == [None] * len(responder.calls)
+    assert report["turns"][0]["speculation"]["warm_starts"] == 0
 
 
 async def test_no_cutoff_when_caller_pauses_after_a_function_word() -> None:
