@@ -7,8 +7,8 @@ they pause mid-sentence. Here the wait depends on how complete the transcript lo
 - ends with a function word, a filler or a comma ("for", "the", "and", "um", ","):
   ``incomplete_silence_ms``;
 - no hypothesis yet: halfway between;
-- the caller's own pause history stretches the waits when they often pause and go on
-  (``adapt_to_caller``), bounded by ``max_silence_ms``.
+- the caller's own pause history stretches the waits when they often go on after a pause that
+  looked like the end (``adapt_to_caller``), bounded by ``max_silence_ms``.
 """
 
 from __future__ import annotations
@@ -66,7 +66,14 @@ class Endpointer:
             wait = max(wait, min(p75 + 40.0, 0.5 * (lo + hi)))
         return min(wait, float(self.cfg.max_silence_ms))
 
-    def caller_resumed_after(self, pause_ms: float) -> None:
-        """The caller went on speaking after ``pause_ms`` of silence (not a turn end)."""
-        if pause_ms > 0:
-            self.resumed_pauses.append(pause_ms)
+    def caller_resumed_after(self, pause_ms: float, text: str | None = None) -> None:
+        """The caller went on speaking after ``pause_ms`` of silence (not a turn end), and
+        ``text`` was the hypothesis then. Only pauses that could have ended the turn count: at
+        least ``min_silence_ms`` long, after a hypothesis that looked complete. A pause after
+        "to the" that the caller resumed says nothing about their complete-looking pauses, and
+        the short dips between words would stretch every wait."""
+        if pause_ms < max(self.cfg.min_silence_ms, 1):
+            return
+        if text is not None and completeness(text) < 0.7:
+            return
+        self.resumed_pauses.append(pause_ms)

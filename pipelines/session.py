@@ -261,7 +261,7 @@ class CallSession:
             self.turns = [x for x in self.turns if x is not self.utt]
             self._committed = False
             self.cutoffs_recovered += 1
-            self.endpointer.caller_resumed_after((t - self.utt.user_speech_end_s) * 1000)
+            self.endpointer.caller_resumed_after((t - self.utt.user_speech_end_s) * 1000, self.utt.transcript)
             self._in_pause = False
             return
         if self.utt is not None and not self._committed:
@@ -291,7 +291,7 @@ class CallSession:
         if self.utt is None:
             return
         if self._in_pause and not self._committed:
-            self.endpointer.caller_resumed_after((t - 0.02 - self.utt.user_speech_end_s) * 1000)
+            self.endpointer.caller_resumed_after((t - 0.02 - self.utt.user_speech_end_s) * 1000, self._pause_text())
             self._in_pause = False
         if not self._committed:
             self.utt.user_speech_end_s = t
@@ -458,6 +458,13 @@ class CallSession:
         if chain:
             self._chain(spec)
         return spec
+
+    def _pause_text(self) -> str | None:
+        """The newest hypothesis of the turn so far (it may not cover the last words)."""
+        text = self._hypothesis_now()
+        if text is None and self._last_partial is not None:
+            text = self._last_partial[1]
+        return text
 
     def _hypothesis_now(self) -> str | None:
         """The latest hypothesis that covers all the audio of the current turn."""

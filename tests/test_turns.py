@@ -266,8 +266,12 @@ def test_endpointer_waits_longer_after_function_words_and_adapts() -> None:
     assert ep.required_silence_ms("Thanks.") == cfg.min_silence_ms
     assert ep.required_silence_ms("I need a") > 5 * cfg.min_silence_ms
     for _ in range(6):
-        ep.caller_resumed_after(300)
-    assert ep.required_silence_ms("Thanks") > cfg.min_silence_ms
+        ep.caller_resumed_after(60, "I went home.")  # dips between words: never a turn end
+        ep.caller_resumed_after(400, "I went to the")  # expected after a function word
+    assert ep.required_silence_ms("Thanks.") == cfg.min_silence_ms
+    for _ in range(6):
+        ep.caller_resumed_after(300, "I went home.")  # looked finished, and they went on
+    assert ep.required_silence_ms("Thanks.") > cfg.min_silence_ms
     assert ep.required_silence_ms("so") <= cfg.max_silence_ms
 
 
