@@ -446,6 +446,8 @@ class CallSession:
                 # it is this pause's hypothesis, and the ASR need not run again
                 return last[1]
             upd = await self.asr.process_iter()
+            if utt is self.utt and self.cfg.asr.segment_after_s > 0 and self._in_pause:
+                self.asr.fix_prefix(self.cfg.asr.segment_after_s)
             if upd.partial and utt is self.utt:
                 t = self.clock.now()
                 utt.partials.append({"t": round(t, 3), "text": upd.partial, "stable": upd.stable})

@@ -110,6 +110,40 @@ class FakeTranscriber:
         return TranscriptResult(text, 0.0, 8.0)
 
 
+class FakeLengthTranscriber:
+    """Names the audio it was given by its length, to show what the policy transcribes."""
+
+    def __init__(self) -> None:
+        self.lengths: list[int] = []
+
+    def __call__(self, audio: np.ndarray):
+        from voice.asr import TranscriptResult
+
+        self.lengths.append(len(audio))
+        return TranscriptResult(f"words{len(audio) // 16000}.", 0.0, 8.0)
+
+
+async def test_long_utterance_is_cut_at_a_pause_and_only_the_rest_is_transcribed() -> None:
+    fake = FakeLengthTranscriber()
+    s = StreamingASR(fake)
+    s.reset(0.0)
+    s.insert_audio(np.zeros(16000 * 3, np.int16))
+    await s.process_iter()
+    assert not s.fix_prefix(min_new_s=6.0)  # too short to cut
+    s.insert_audio(np.zeros(16000 * 4, np.int16))
+    assert not s.fix_prefix(min_new_s=6.0)  # no hypothesis of exactly this audio yet
+    u = await s.process_iter()
+    assert u.partial == "words7." and s.fix_prefix(min_new_s=6.0)
+    s.insert_audio(np.zeros(16000 * 2, np.int16))
+    u = await s.process_iter()
+    assert fake.lengths == [16000 * 3, 16000 * 7, 16000 * 2]  # the last call saw only the new audio
+    assert u.partial == "words7. words2."
+    assert (await s.finish()).partial == "words7. words2."
+    s.reset(10.0)  # a new utterance starts uncut
+    s.insert_audio(np.zeros(16000, np.int16))
+    assert (await s.process_iter()).partial == "words1."
+
+
 async def test_streaming_policy_local_agreement_and_cached_final() -> None:
     fake = FakeTranscriber(["he was", "he was not an", "he was not an ill disposed man"])
     s = StreamingASR(fake)

@@ -199,10 +199,27 @@ class StreamingASR:
     _prev_words: list[str] = field(default_factory=list)
     _stable: list[str] = field(default_factory=list)
     _cache: tuple[int, TranscriptResult] | None = None
+    # a long utterance is cut at a pause: the audio before the cut keeps the text it had there,
+    # and only the audio after it is transcribed again (shorter windows, fewer tokens)
+    _fixed_samples: int = 0
+    _fixed_text: str = ""
 
     def reset(self, start_t: float = 0.0) -> None:
         self._audio, self._samples, self._start_t = [], 0, start_t
         self._prev_words, self._stable, self._cache = [], [], None
+        self._fixed_samples, self._fixed_text = 0, ""
+
+    def fix_prefix(self, min_new_s: float) -> bool:
+        """Cut the utterance after the newest hypothesis, if it covers exactly the audio
+        buffered now (call it at a pause: the cut then falls in silence) and at least
+        ``min_new_s`` seconds since the last cut. Later hypotheses transcribe only what follows
+        and append it to that text."""
+        if self._cache is None or self._cache[0] != self._samples:
+            return False
+        if (self._samples - self._fixed_samples) / SAMPLE_RATE < min_new_s or not self._cache[1].text.strip():
+            return False
+        self._fixed_samples, self._fixed_text = self._samples, self._cache[1].text.strip()
+        return True
 
     @property
     def audio_end(self) -> float:
@@ -230,8 +247,12 @@ class StreamingASR:
         end = self.audio_end
         if self._cache is not None and self._cache[0] == n:
             return self._cache[1], end
-        audio = self._buffer()[:n]
+        audio = self._buffer()[self._fixed_samples : n]
         res = await asyncio.to_thread(self.transcribe, audio)
+        if self._fixed_text:
+            res = TranscriptResult(
+                f"{self._fixed_text} {res.text}".strip(), res.seconds, res.window_s, res.fell_back, res.no_speech_prob
+            )
         self._cache = (n, res)
         return res, end
 
