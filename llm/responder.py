@@ -18,6 +18,7 @@ import torch
 
 from llm.decoder import BlockResult, DecodeOptions, DecodeStats, generate_block, generate_blocks
 from llm.loader import LoadedLM, load_lm
+from llm.turn_end import TurnEndProbe
 from pipelines.config import LlmConfig
 
 
@@ -36,6 +37,7 @@ class Responder:
     def __init__(self, lm: LoadedLM, cfg: LlmConfig) -> None:
         self.lm = lm
         self.cfg = cfg
+        self.turn_end: TurnEndProbe | None = TurnEndProbe.load(lm.path) if lm.path.is_dir() else None
 
     @classmethod
     def load(cls, cfg: LlmConfig | None = None) -> Responder:
@@ -51,6 +53,13 @@ class Responder:
         kw["deadline"] = deadline
         kw.update(overrides)
         return DecodeOptions(**kw)  # type: ignore[arg-type]
+
+    def turn_end_prob(self, user_text: str) -> float | None:
+        """Blocking: the LM's probability that ``user_text`` is a whole turn (None: this model
+        has no probe, see `llm.turn_end`)."""
+        if self.turn_end is None:
+            return None
+        return self.turn_end.probs(self.lm, [user_text])[0]
 
     def _prompt(self, text: str, history: list[tuple[str, str]] | tuple = ()) -> list[int]:
         hist = list(history)[-self.cfg.history_turns :] if self.cfg.history_turns else []

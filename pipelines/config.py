@@ -95,6 +95,8 @@ class TurnConfig(_Section):
     incomplete_silence_ms: int = Field(900, ge=0, le=5000, description="silence after a trailing function word")
     max_silence_ms: int = Field(1200, ge=0, le=10000, description="commit regardless after this much silence")
     adapt_to_caller: bool = True
+    lm_end_of_turn: bool = Field(
+        True, description="ask the LM how likely the hypothesis is a whole turn (needs the model's turn_end.json)")
     speculation: bool = True
     max_speculations: int = Field(2, ge=0, le=8)
     redenoise: bool = Field(

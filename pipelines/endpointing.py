@@ -7,6 +7,8 @@ they pause mid-sentence. Here the wait depends on how complete the transcript lo
 - ends with a function word, a filler or a comma ("for", "the", "and", "um", ","):
   ``incomplete_silence_ms``;
 - no hypothesis yet: halfway between;
+- the language model's probability that the words make a whole turn (`llm.turn_end`) moves
+  the cases that punctuation and function words leave open;
 - the caller's own pause history stretches the waits when they often go on after a pause that
   looked like the end (``adapt_to_caller``), bounded by ``max_silence_ms``.
 """
@@ -29,8 +31,25 @@ INCOMPLETE_WORDS = frozenset(
 _WORD = re.compile(r"[A-Za-z'-]+")
 
 
-def completeness(text: str) -> float:
-    """0 = clearly unfinished, 1 = looks finished, 0.5 = no evidence."""
+def completeness(text: str, lm_prob: float | None = None) -> float:
+    """0 = clearly unfinished, 1 = looks finished, 0.5 = no evidence.
+
+    ``lm_prob`` is the language model's probability that the words make a whole turn
+    (`llm.turn_end`, which ignores punctuation). It cannot overrule a trailing function word,
+    a comma or a question mark; otherwise a confident LM decides: below 0.3 the turn waits
+    longer than the middle ground (Whisper puts a full stop after fragments too), from 0.7 a
+    turn without punctuation counts as finished."""
+    c = _surface_completeness(text)
+    if lm_prob is None or c <= 0.1 or text.strip().endswith(("?", "!")):
+        return c
+    if lm_prob < 0.3:
+        return min(c, 0.6)
+    if lm_prob >= 0.7:
+        return 1.0
+    return c
+
+
+def _surface_completeness(text: str) -> float:
     t = text.strip()
     if not t:
         return 0.5
@@ -52,9 +71,10 @@ class Endpointer:
     # pauses (ms) after which this caller went on speaking, most recent last
     resumed_pauses: list[float] = field(default_factory=list)
 
-    def required_silence_ms(self, text: str | None, stale: bool = False) -> float:
-        """``stale``: ``text`` may not cover the end of the turn, so it cannot prove completion."""
-        c = completeness(text or "")
+    def required_silence_ms(self, text: str | None, stale: bool = False, lm_prob: float | None = None) -> float:
+        """``stale``: ``text`` may not cover the end of the turn, so it cannot prove completion.
+        ``lm_prob``: the LM's probability that ``text`` is a whole turn, if known."""
+        c = completeness(text or "", lm_prob)
         if stale:
             c = min(c, 0.7)
         lo, hi = self.cfg.min_silence_ms, self.cfg.incomplete_silence_ms

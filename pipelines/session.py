@@ -113,6 +113,8 @@ class CallSession:
         self._partial_task: asyncio.Task[None] | None = None
         self._partial_end = 0.0  # call time of the end of the audio the newest partial covers
         self._awaited_by_pause: asyncio.Task[None] | None = None
+        self._eot_probs: dict[str, float | None] = {}  # normalised hypothesis -> LM turn-end probability
+        self._eot_pending: set[str] = set()
         self._unvoiced_ms = 0.0  # unvoiced audio since the last voiced frame
         self._last_partial: tuple[float, str] | None = None  # (audio end it covers, text)
         self._specs: list[Speculation] = []
@@ -352,6 +354,7 @@ class CallSession:
         utt.partials.append({"t": round(t, 3), "text": upd.partial, "stable": upd.stable})
         self.bus.emit(Partial(self.session_id, t, text=upd.partial, stable=upd.stable))
         self._last_partial = (upd.audio_end, upd.partial)
+        self._turn_end_prob(upd.partial)  # start the LM's opinion now: it is ready if this is the end
         # A partial that already reads as a finished sentence starts a speculation of its own:
         # if the caller stops here, the reply is ready before the pause is even detected.
         if (
@@ -494,7 +497,10 @@ class CallSession:
         silence_ms = (self._audio_t - self.utt.user_speech_end_s) * 1000
         text = self._hypothesis_now()
         if text is not None:
-            required = self.endpointer.required_silence_ms(text)
+            known, lm_prob = self._turn_end_prob(text)
+            if not known and silence_ms < self.cfg.turn.max_silence_ms:
+                return  # the LM's opinion is a few ms away
+            required = self.endpointer.required_silence_ms(text, lm_prob=lm_prob)
             reason = "complete" if required <= self.cfg.turn.min_silence_ms else "incomplete-wait"
         elif self._last_partial is not None:
             # Only an older partial: it is evidence, but it may miss the last words, so it can
@@ -506,6 +512,35 @@ class CallSession:
             reason = "no-hypothesis"
         if silence_ms >= required:
             self._commit(silence_ms, "max" if required >= self.cfg.turn.max_silence_ms else reason)
+            if text is not None and self.utt is not None:
+                self.utt.endpoint["required_ms"] = round(required, 1)
+                self.utt.endpoint["lm_turn_end_prob"] = self._eot_probs.get(" ".join(normalize_words(text)))
+
+    def _turn_end_prob(self, text: str) -> tuple[bool, float | None]:
+        """(known, probability) that ``text`` is a whole turn, by the LM; computed once per
+        hypothesis in a worker thread. Without a probe (or when disabled) it is known: None."""
+        fn = getattr(self.engines.responder, "turn_end_prob", None)
+        if fn is None or not self.cfg.turn.lm_end_of_turn or getattr(self.engines.responder, "turn_end", 0) is None:
+            return True, None
+        key = " ".join(normalize_words(text))
+        if key in self._eot_probs:
+            return True, self._eot_probs[key]
+        if key not in self._eot_pending:
+            self._eot_pending.add(key)
+
+            async def compute() -> None:
+                try:
+                    self._eot_probs[key] = await asyncio.to_thread(fn, text)
+                except Exception:
+                    log.exception("turn-end probe failed; deciding without it")
+                    self._eot_probs[key] = None
+                finally:
+                    self._eot_pending.discard(key)
+                if not self.closed:
+                    self._maybe_endpoint()
+
+            self._spawn(compute())
+        return False, None
 
     def _commit(self, silence_ms: float, reason: str) -> None:
         utt = self.utt

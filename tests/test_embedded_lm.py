@@ -8,11 +8,14 @@ they catch degeneration and word salad; they do not certify good conversation.""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
 from llm.loader import EMBEDDED
 from llm.quality import Lexicon, quality_report
+from llm.turn_end import auc, examples
 
 torch.set_num_threads(1)
 
@@ -80,3 +83,18 @@ def test_phone_persona_prompts_get_distinct_replies(responder) -> None:  # noqa:
     texts = [responder.generate(p).text for p in prompts]
     assert all(len(t.split()) >= 2 for t in texts), texts
     assert len(set(texts)) >= 3, texts
+
+
+def test_turn_end_probe_tells_whole_turns_from_cut_ones(responder, corpus: tuple[list, Lexicon]) -> None:  # noqa: ANN001
+    from llm.data import all_pairs, split_pairs
+
+    # held-out prompts (never seen by the probe), each whole and cut after a random word
+    assert responder.turn_end is not None, "the embedded model ships llm/weights/mdlm/turn_end.json"
+    _, held = split_pairs(all_pairs(1234), 300, 1234)
+    texts, labels = examples([p.prompt for p in held[:150]], random.Random(7))
+    probs = responder.turn_end.probs(responder.lm, texts)
+    assert auc(probs, labels) >= 0.68
+    assert all(0.0 <= p <= 1.0 for p in probs)
+    # punctuation is not what it reads: a full stop after a fragment does not make it whole
+    assert responder.turn_end_prob("I was wondering if you could.") == pytest.approx(
+        responder.turn_end_prob("I was wondering if you could"), abs=1e-6)

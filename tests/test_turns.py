@@ -275,6 +275,41 @@ def test_endpointer_waits_longer_after_function_words_and_adapts() -> None:
     assert ep.required_silence_ms("so") <= cfg.max_silence_ms
 
 
+class FakeResponderWithTurnEnd(FakeResponder):
+    """A fake responder that also gives scripted LM turn-end probabilities."""
+
+    def __init__(self, clock: AudioClock, probs: dict[str, float]) -> None:
+        super().__init__(clock)
+        self.probs = probs
+        self.turn_end = object()  # the session only checks that a probe exists
+
+    def turn_end_prob(self, text: str) -> float:
+        return self.probs.get(text, 0.5)
+
+
+@pytest.mark.parametrize(("prob", "waits"), [(0.1, True), (0.9, False)])
+async def test_lm_turn_end_probability_moves_the_wait(prob: float, waits: bool) -> None:
+    segs = [Seg(0.5, 1.5, "I went home.")]  # Whisper's full stop: punctuation alone says finished
+    session, out, events, _, tts = make_session(segs)
+    session.engines.responder = FakeResponderWithTurnEnd(session.clock, {"I went home.": prob})  # type: ignore[assignment]
+    await play_script(session, segs, 4.0)
+    report = await session.close()
+    (turn,) = report["turns"]
+    assert turn["endpoint"]["lm_turn_end_prob"] == prob
+    min_ms = AgentConfig().turn.min_silence_ms
+    if waits:  # the LM reads a fragment: wait longer than a finished turn would
+        assert turn["endpoint"]["silence_ms"] > 2 * min_ms and turn["endpoint"]["reason"] == "incomplete-wait"
+    else:
+        assert turn["endpoint"]["silence_ms"] <= min_ms + 20 and turn["endpoint"]["reason"] == "complete"
+
+
+def test_lm_probability_cannot_overrule_a_trailing_function_word() -> None:
+    assert completeness("I want to go to the", lm_prob=0.99) < 0.2
+    assert completeness("Can you hear me?", lm_prob=0.01) == 1.0
+    assert completeness("I went home", lm_prob=0.9) == 1.0  # no punctuation, the LM is sure
+    assert completeness("I went home.", lm_prob=0.1) < 0.7
+
+
 async def test_fallback_covers_a_slow_turn_and_is_counted_separately() -> None:
     cfg = AgentConfig()
     cfg.turn.speculation = False

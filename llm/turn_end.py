@@ -1,0 +1,158 @@
+"""The language model's own probability that the caller's turn is complete.
+
+The MDLM is trained to answer, not to predict the caller's next word, so this is a probe: a
+logistic regression on the model's hidden state at the ``<agent>`` position (where the reply
+starts), trained on the training split's prompts: whole prompts are complete, cuts at a random
+word are not. Trailing punctuation is stripped on both sides, so the probe judges the words
+(Whisper puts a full stop after fragments too; the endpointer reads punctuation itself).
+
+    python -m llm.turn_end --model llm/weights/mdlm      # ~1 min on the CPU; writes turn_end.json
+
+The probe lives next to the weights (``turn_end.json``); a model without one has no LM opinion
+and the endpointer falls back to punctuation and function words.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from llm.loader import LoadedLM
+
+PROBE_FILE = "turn_end.json"
+_TRAIL = re.compile(r"[\s.?!,;:…-]+$")
+
+
+def strip_trailing_punct(text: str) -> str:
+    return _TRAIL.sub("", text.strip())
+
+
+def hidden_at_reply_start(lm: LoadedLM, texts: list[str], prompt_len: int, block_len: int) -> torch.Tensor:
+    """(N, hidden) states at the last prompt position, with the reply block masked as in decoding."""
+    body = getattr(lm.model, "model", None)
+    if body is None:
+        raise ValueError(f"{lm.path}: the probe needs a ModernBERT-style model with a .model encoder")
+    prompts = [lm.prompt_ids(strip_trailing_punct(t), [], prompt_len) for t in texts]
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(texts), width + block_len), lm.special.pad, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):  # left-padded, so every prompt ends at the same column
+        ids[i, width - len(p) : width] = torch.tensor(p)
+        ids[i, width:] = lm.special.mask
+        attn[i, width - len(p) :] = 1
+    with torch.no_grad():
+        h = body(input_ids=ids, attention_mask=attn).last_hidden_state
+    return h[:, width - 1].float()
+
+
+@dataclass
+class TurnEndProbe:
+    weight: torch.Tensor  # (hidden,)
+    bias: float
+    mean: torch.Tensor  # feature standardisation
+    std: torch.Tensor
+    prompt_len: int
+    block_len: int
+    heldout_auc: float | None = None
+
+    @classmethod
+    def load(cls, model_dir: Path) -> TurnEndProbe | None:
+        f = Path(model_dir) / PROBE_FILE
+        if not f.exists():
+            return None
+        d = json.loads(f.read_text())
+        return cls(torch.tensor(d["weight"]), float(d["bias"]), torch.tensor(d["mean"]), torch.tensor(d["std"]),
+                   int(d["prompt_len"]), int(d["block_len"]), d.get("heldout_auc"))
+
+    def save(self, model_dir: Path, extra: dict[str, object]) -> None:
+        d = {"weight": self.weight.tolist(), "bias": self.bias, "mean": self.mean.tolist(), "std": self.std.tolist(),
+             "prompt_len": self.prompt_len, "block_len": self.block_len, "heldout_auc": self.heldout_auc, **extra}
+        (Path(model_dir) / PROBE_FILE).write_text(json.dumps(d))
+
+    def probs(self, lm: LoadedLM, texts: list[str]) -> list[float]:
+        x = (hidden_at_reply_start(lm, texts, self.prompt_len, self.block_len) - self.mean) / self.std
+        return torch.sigmoid(x @ self.weight + self.bias).tolist()
+
+
+def auc(scores: list[float], labels: list[int]) -> float:
+    pos = [s for s, y in zip(scores, labels, strict=True) if y]
+    neg = [s for s, y in zip(scores, labels, strict=True) if not y]
+    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
+    return wins / max(1, len(pos) * len(neg))
+
+
+def examples(prompts: list[str], rng: random.Random) -> tuple[list[str], list[int]]:
+    """Each prompt once whole (complete) and once cut after a random word (not complete)."""
+    texts, labels = [], []
+    for p in prompts:
+        words = strip_trailing_punct(p).split()
+        if len(words) < 2:
+            continue
+        texts.append(" ".join(words))
+        labels.append(1)
+        texts.append(" ".join(words[: rng.randint(1, len(words) - 1)]))
+        labels.append(0)
+    return texts, labels
+
+
+def train_probe(lm: LoadedLM, train_prompts: list[str], held_prompts: list[str], prompt_len: int = 32,
+                block_len: int = 32, seed: int = 1234, epochs: int = 300) -> TurnEndProbe:
+    rng = random.Random(seed)
+    x_texts, y = examples(train_prompts, rng)
+    feats = torch.cat([hidden_at_reply_start(lm, x_texts[i : i + 256], prompt_len, block_len)
+                       for i in range(0, len(x_texts), 256)])
+    mean, std = feats.mean(0), feats.std(0).clamp_min(1e-4)
+    x = (feats - mean) / std
+    yt = torch.tensor(y, dtype=torch.float32)
+    torch.manual_seed(seed)
+    w = torch.zeros(x.shape[1], requires_grad=True)
+    b = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], lr=0.5, max_iter=epochs)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(x @ w + b, yt) + 1e-3 * (w**2).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    probe = TurnEndProbe(w.detach(), float(b.detach()), mean, std, prompt_len, block_len)
+    h_texts, h_y = examples(held_prompts, random.Random(seed + 1))
+    probe.heldout_auc = round(auc(probe.probs(lm, h_texts), h_y), 4)
+    return probe
+
+
+def main(argv: list[str] | None = None) -> int:
+    from llm.data import all_pairs, split_pairs
+    from llm.loader import load_lm
+    from llm.train import HELDOUT, PROMPT_LEN
+    from pipelines.config import LlmConfig
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=Path(__file__).parent / "weights" / "mdlm")
+    ap.add_argument("--n", type=int, default=6000, help="training prompts")
+    ap.add_argument("--seed", type=int, default=1234)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    t0 = time.monotonic()
+    lm = load_lm(LlmConfig(model_path=str(args.model)))
+    # the same split as llm.train: the held-out prompts are never used to fit the probe
+    train, held = split_pairs(all_pairs(args.seed), HELDOUT, args.seed)
+    rng = random.Random(args.seed)
+    prompts = [p.prompt for p in rng.sample(train, min(args.n, len(train)))]
+    probe = train_probe(lm, prompts, [p.prompt for p in held], PROMPT_LEN, seed=args.seed)
+    probe.save(args.model, {"train_prompts": len(prompts), "heldout_prompts": len(held), "seed": args.seed})
+    print(f"turn-end probe: held-out AUC {probe.heldout_auc} ({len(held)} prompts, whole vs cut), "
+          f"{time.monotonic() - t0:.0f} s; wrote {args.model / PROBE_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
