@@ -99,7 +99,7 @@ async def test_sipp_uac_pcap_pcma_call_with_dtmf(tmp_path, greeting):
     assert rx["samples_received"] == expected and rx["lost"] == 0 and rx["late"] == 0
     assert session.digits == [("1", 280)] and record.media["dtmf"] == "1"
     assert sum(len(f.pcm) for f in session.frames) >= expected  # all of it reached the session, at 8 kHz
-    (stream,) = cap.streams().values()
+    stream = cap.call_stream()
     gaps = check_pacing(stream, PCMA.payload_type)
     sent = np.concatenate([PCMA.decode(RtpPacket.parse(p.payload).payload) for p in stream])
     carried = PCMA.decode(PCMA.encode(greeting))
@@ -158,7 +158,7 @@ async def test_sipp_hold_and_resume(tmp_path, greeting):
     finally:
         await server.close()
     assert run.returncode == 0, sipp_log(tmp_path)
-    (stream,) = cap.streams().values()
+    stream = cap.call_stream()
     t = np.array([p.t for p in stream])
     rtp = [RtpPacket.parse(p.payload) for p in stream]
     gap = int(np.argmax(np.diff(t)))
@@ -203,7 +203,7 @@ async def test_sipp_pcmu_speech_gets_a_spoken_answer(tmp_path, agent):
     assert wer(clip.text, transcript) <= 0.35, transcript
     answered = [t for t in turns if t["agent_audio_start_s"] is not None]
     assert answered and answered[0]["response"].strip()
-    (stream,) = cap.streams().values()
+    stream = cap.call_stream()
     check_pacing(stream, PCMU.payload_type)
     rtp = [RtpPacket.parse(p.payload) for p in stream]
     voiced = [p for p in rtp if np.abs(PCMU.decode(p.payload).astype(np.int32)).max() > 500]
