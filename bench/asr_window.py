@@ -38,16 +38,20 @@ def main() -> None:
     ap.add_argument("--windows", default="30,15,10,8,auto",
                     help="comma-separated seconds; 'auto' = the adaptive window (min_window_s..window_s)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--preroll", type=float, default=0.2,
+                    help="seconds of silence before each clip, as the session's pre-roll buffer adds (default 0.2)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--min-window", type=float, help="asr.min_window_s for the 'auto' row (default: the config's)")
     args = ap.parse_args()
-    eng = WhisperEngine(AsrConfig())
+    eng = WhisperEngine(AsrConfig() if args.min_window is None else AsrConfig(min_window_s=args.min_window))
     eng.warmup()
     clips = [speech.jfk(), *speech.librivox(), *speech.cards()]
-    audio = [(c.text, read_wav(c.path, 16000)[0].astype(np.float32) / 32768) for c in clips]
+    lead = np.zeros(int(args.preroll * 16000), np.float32)
+    audio = [(c.text, np.concatenate([lead, read_wav(c.path, 16000)[0].astype(np.float32) / 32768])) for c in clips]
     rows = []
     for spec in args.windows.split(","):
         w = None if spec == "auto" else float(spec)
-        times, pairs, fallbacks, used = [], [], 0, []
+        times, pairs, fallbacks, used, delooped = [], [], 0, [], 0
         for ref, a in audio:
             per = []
             for _ in range(args.repeats):
@@ -56,16 +60,18 @@ def main() -> None:
             times.append(statistics.median(per))
             pairs.append((ref, r.text))
             fallbacks += int(r.fell_back)
+            delooped += int(r.delooped)
             used.append(r.window_s)
         rows.append({"window_s": spec if w is None else w, "windows_used": used, "median_s": statistics.median(times),
                      "mean_s": statistics.fmean(times), "wer": corpus_wer(pairs),
-                     "fallbacks": fallbacks, "utterances": len(audio)})
+                     "fallbacks": fallbacks, "delooped": delooped, "utterances": len(audio),
+                     "texts": [h for _, h in pairs]})
     base = next(r for r in rows if r["window_s"] == 30.0)
-    print(f"{'window':>7} {'median s':>9} {'mean s':>7} {'x faster':>9} {'WER':>6} {'fallbacks':>9}")
+    print(f"{'window':>7} {'median s':>9} {'mean s':>7} {'x faster':>9} {'WER':>6} {'fallbacks':>9} {'delooped':>8}")
     for r in rows:
         r["speedup_vs_30s"] = base["median_s"] / r["median_s"]
         print(f"{r['window_s']!s:>7} {r['median_s']:>9.3f} {r['mean_s']:>7.3f} {r['speedup_vs_30s']:>9.2f} "
-              f"{r['wer']:>6.3f} {r['fallbacks']:>5}/{r['utterances']}")
+              f"{r['wer']:>6.3f} {r['fallbacks']:>5}/{r['utterances']} {r['delooped']:>8}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

@@ -10,7 +10,7 @@ import pytest
 from pipelines.config import AsrConfig
 from tests import speech
 from tests.wer import wer
-from voice.asr import StreamingASR, agreed_prefix, looks_degenerate
+from voice.asr import StreamingASR, agreed_prefix, deloop, looks_degenerate
 from voice.audio import AudioFrame, frames_of, read_wav, resample
 from voice.vad import VadSegmenter, WebRtcVad
 
@@ -82,6 +82,13 @@ def test_asr_on_8khz_telephone_speech(engines) -> None:
     assert rate == 8000
     res = engines.asr.transcribe(resample(pcm, 8000, 16000).astype(np.float32) / 32768)
     assert len(res.text.split()) >= 3  # real speech is recognised as words (no reference transcript)
+
+
+def test_deloop_keeps_one_period_of_a_loop() -> None:
+    assert deloop("10 of clubs 10 of clubs 10 of clubs 10 of") == "10 of clubs"
+    assert deloop("I said ten of clubs, ten of clubs, ten of clubs") == "I said ten of clubs"
+    assert deloop("hello there, how are you") is None  # no loop: nothing to cut
+    assert deloop("") is None
 
 
 def test_degeneracy_guard() -> None:

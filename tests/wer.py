@@ -5,6 +5,11 @@ from __future__ import annotations
 import re
 
 _NUM = {"mr": "mister", "mrs": "missus", "dr": "doctor"}
+# Whisper writes small numbers as digits or as words, depending on the window it saw; scoring
+# normalises them (as Whisper's own English normaliser does, in the other direction)
+_DIGITS = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen " \
+          "seventeen eighteen nineteen twenty".split()
+_NUM.update({str(i): w for i, w in enumerate(_DIGITS)})
 
 
 def words(text: str) -> list[str]:

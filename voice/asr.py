@@ -41,6 +41,7 @@ class TranscriptResult:
     window_s: float  # encoder window used (30 = faster-whisper's own path)
     fell_back: bool = False
     no_speech_prob: float = 0.0
+    delooped: bool = False  # a short-window loop was cut to its first period (`deloop`)
 
 
 def default_model_path() -> Path:
@@ -69,6 +70,21 @@ def looks_degenerate(text: str, audio_s: float) -> bool:
             if grams[i] == grams[i + n] == grams[i + 2 * n]:
                 return True  # the same n-gram three times in a row
     return False
+
+
+def deloop(text: str) -> str | None:
+    """Whisper's loop on a short window is a periodic tail ("ten of clubs ten of clubs ten
+    of"): keep everything before it and one period of it. None when there is no such tail."""
+    words = text.split()
+    norm = [normalize_words(w) for w in words]
+    for i in range(len(words)):
+        rest = norm[i:]
+        for n in range(1, 7):
+            if len(rest) < 2 * n + 1:
+                break
+            if all(rest[j] == rest[j % n] for j in range(len(rest))):
+                return " ".join(words[: i + n]).rstrip(",") or None
+    return None
 
 
 class WhisperEngine:
@@ -124,8 +140,13 @@ class WhisperEngine:
             return TranscriptResult("", 0.0, self.window_for(0.0, window_s))
         window = self.window_for(audio_s, window_s)
         if window < 30.0:
-            text, nsp = self._short_window(audio, window)
-            if not looks_degenerate(text, audio_s):
+            text, nsp = self._short_window(audio, window, audio_s)
+            if looks_degenerate(text, audio_s):
+                # a loop: its first period is usually the words (the 30 s path costs ~10x more)
+                fixed = deloop(text)
+                if fixed is not None and not looks_degenerate(fixed, audio_s):
+                    return TranscriptResult(fixed, time.perf_counter() - t0, window, no_speech_prob=nsp, delooped=True)
+            else:
                 return TranscriptResult(text, time.perf_counter() - t0, window, no_speech_prob=nsp)
         text = self._full_window(audio)
         return TranscriptResult(text, time.perf_counter() - t0, 30.0, fell_back=window < 30.0)
@@ -143,7 +164,7 @@ class WhisperEngine:
             # the generator decodes lazily: consume it here, inside the worker thread
             return " ".join(s.text.strip() for s in segments).strip()
 
-    def _short_window(self, audio: np.ndarray, window: float) -> tuple[str, float]:
+    def _short_window(self, audio: np.ndarray, window: float, audio_s: float | None = None) -> tuple[str, float]:
         fe = self.model.feature_extractor
         n = int(window * SAMPLE_RATE)
         padded = np.zeros(n, dtype=np.float32)
@@ -156,7 +177,8 @@ class WhisperEngine:
                 enc,
                 [prompt],
                 beam_size=self.cfg.beam_size,
-                max_length=min(448, len(prompt) + int(8 * window) + 8),
+                # nobody says more than ~6 tokens a second: a loop stops there, and costs little
+                max_length=min(448, len(prompt) + int(6 * (window if audio_s is None else audio_s)) + 10),
                 suppress_blank=True,
                 suppress_tokens=[-1],
                 return_no_speech_prob=True,
@@ -251,7 +273,8 @@ class StreamingASR:
         res = await asyncio.to_thread(self.transcribe, audio)
         if self._fixed_text:
             res = TranscriptResult(
-                f"{self._fixed_text} {res.text}".strip(), res.seconds, res.window_s, res.fell_back, res.no_speech_prob
+                f"{self._fixed_text} {res.text}".strip(), res.seconds, res.window_s, res.fell_back, res.no_speech_prob,
+                res.delooped,
             )
         self._cache = (n, res)
         return res, end
