@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 
 from pipelines.config import TurnConfig
 
-# Words after which an English sentence almost never ends.
+# Words after which an English sentence almost never ends. Words that often end one ("thank
+# you", "I love it", "than he was", "I think so", "yes I can", "come in") are not here: for
+# those the punctuation and the LM's turn-end probability decide.
 INCOMPLETE_WORDS = frozenset(
-    """a an the and or but so because if for of to in on at by with from as than that which who whose
-    whom where when while my your his her their our its is are was were be been am i you we they he she
-    it this these those um uh er erm hmm like just very really gonna wanna would could should will can
-    about into onto over under after before since until unless though although whether not no also
-    then maybe um-hmm mm""".split()
+    """a an the and or but because if for of to at by with from as than which whose whom while unless
+    although whether into onto my your their our its i um uh er erm hmm mm um-hmm like just very gonna
+    wanna""".split()
 )
 _WORD = re.compile(r"[A-Za-z'-]+")
 
@@ -36,13 +36,16 @@ def completeness(text: str, lm_prob: float | None = None) -> float:
 
     ``lm_prob`` is the language model's probability that the words make a whole turn
     (`llm.turn_end`, which ignores punctuation). It cannot overrule a trailing function word,
-    a comma or a question mark; otherwise a confident LM decides: below 0.3 the turn waits
-    longer than the middle ground (Whisper puts a full stop after fragments too), from 0.7 a
-    turn without punctuation counts as finished."""
+    a comma or a question mark; otherwise an unsure LM makes the turn wait (below 0.45 longer
+    than the middle ground, below 0.3 nearly as long as after a function word: Whisper puts a
+    full stop after fragments too), and from 0.7 a turn without punctuation counts as
+    finished."""
     c = _surface_completeness(text)
     if lm_prob is None or c <= 0.1 or text.strip().endswith(("?", "!")):
         return c
     if lm_prob < 0.3:
+        return min(c, 0.25)  # the words read as a fragment: nearly the wait of a function word
+    if lm_prob < 0.45:
         return min(c, 0.6)
     if lm_prob >= 0.7:
         return 1.0
@@ -79,14 +82,15 @@ class Endpointer:
             c = min(c, 0.7)
         lo, hi = self.cfg.min_silence_ms, self.cfg.incomplete_silence_ms
         wait = hi - c * (hi - lo)
-        if self.cfg.adapt_to_caller and self.resumed_pauses and c >= 0.7:
+        lm_sure = lm_prob is not None and lm_prob >= 0.7
+        if self.cfg.adapt_to_caller and self.resumed_pauses and c >= 0.7 and not lm_sure:
             # a caller who keeps pausing briefly and going on gets a little more room
             recent = sorted(self.resumed_pauses[-8:])
             p75 = recent[int(0.75 * (len(recent) - 1))]
             wait = max(wait, min(p75 + 40.0, 0.5 * (lo + hi)))
         return min(wait, float(self.cfg.max_silence_ms))
 
-    def caller_resumed_after(self, pause_ms: float, text: str | None = None) -> None:
+    def caller_resumed_after(self, pause_ms: float, text: str | None = None, lm_prob: float | None = None) -> None:
         """The caller went on speaking after ``pause_ms`` of silence (not a turn end), and
         ``text`` was the hypothesis then. Only pauses that could have ended the turn count: at
         least ``min_silence_ms`` long, after a hypothesis that looked complete. A pause after
@@ -94,6 +98,6 @@ class Endpointer:
         the short dips between words would stretch every wait."""
         if pause_ms < max(self.cfg.min_silence_ms, 1):
             return
-        if text is not None and completeness(text) < 0.7:
+        if text is not None and completeness(text, lm_prob) < 0.7:
             return
         self.resumed_pauses.append(pause_ms)

@@ -293,7 +293,9 @@ class CallSession:
         if self.utt is None:
             return
         if self._in_pause and not self._committed:
-            self.endpointer.caller_resumed_after((t - 0.02 - self.utt.user_speech_end_s) * 1000, self._pause_text())
+            text = self._pause_text()
+            lm_prob = self._eot_probs.get(" ".join(normalize_words(text))) if text else None
+            self.endpointer.caller_resumed_after((t - 0.02 - self.utt.user_speech_end_s) * 1000, text, lm_prob)
             self._in_pause = False
         if not self._committed:
             self.utt.user_speech_end_s = t
