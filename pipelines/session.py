@@ -356,6 +356,7 @@ class CallSession:
         utt.partials.append({"t": round(t, 3), "text": upd.partial, "stable": upd.stable})
         self.bus.emit(Partial(self.session_id, t, text=upd.partial, stable=upd.stable))
         self._last_partial = (upd.audio_end, upd.partial)
+        self._maybe_cut(utt)
         self._turn_end_prob(upd.partial)  # start the LM's opinion now: it is ready if this is the end
         # A partial that already reads as a finished sentence starts a speculation of its own:
         # if the caller stops here, the reply is ready before the pause is even detected.
@@ -449,10 +450,10 @@ class CallSession:
             if utt is self.utt and last is not None and last[0] >= utt.user_speech_end_s:
                 # a partial (done, or running when the pause came) covers all the speech:
                 # it is this pause's hypothesis, and the ASR need not run again
+                self._maybe_cut(utt)
                 return last[1]
             upd = await self.asr.process_iter()
-            if utt is self.utt and self.cfg.asr.segment_after_s > 0 and self._in_pause:
-                self.asr.fix_prefix(self.cfg.asr.segment_after_s)
+            self._maybe_cut(utt)
             if upd.partial and utt is self.utt:
                 t = self.clock.now()
                 utt.partials.append({"t": round(t, 3), "text": upd.partial, "stable": upd.stable})
@@ -472,6 +473,12 @@ class CallSession:
         if text is None and self._last_partial is not None:
             text = self._last_partial[1]
         return text
+
+    def _maybe_cut(self, utt: TurnRecord) -> None:
+        """In a pause, a long turn is cut where the newest hypothesis ends, if that hypothesis
+        covers every voiced frame (the cut then falls in silence)."""
+        if utt is self.utt and self._in_pause and not self._committed and self.cfg.asr.segment_after_s > 0:
+            self.asr.fix_prefix(self.cfg.asr.segment_after_s, covers_until=utt.user_speech_end_s)
 
     def _hypothesis_now(self) -> str | None:
         """The latest hypothesis that covers all the audio of the current turn."""

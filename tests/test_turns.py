@@ -54,10 +54,12 @@ class FakeAsr:
     def __init__(self, segs: list[Seg]) -> None:
         self.segs = segs
         self.calls = 0
+        self.heard: list[set[int]] = []  # the segments (1-based) each call's audio contained
 
     def transcribe(self, audio: np.ndarray, window_s: float | None = None) -> TranscriptResult:
         self.calls += 1
         levels = set(np.round(np.abs(audio * 32768) / 1000).astype(int).tolist()) - {0}
+        self.heard.append(levels)
         words = [s.text for k, s in enumerate(self.segs) if (k + 1) in levels]
         return TranscriptResult(" ".join(words), 0.0, 8.0)
 
@@ -150,6 +152,19 @@ async def test_tail_partial_is_the_final_transcript(tail_ms: int) -> None:
         assert asr.calls == 1
     else:
         assert first_t >= 2.0 + cfg.vad.stop_ms / 1000 - 1e-6  # only the pause hypothesis
+
+
+async def test_long_turn_is_cut_at_a_pause_and_only_the_rest_is_transcribed() -> None:
+    segs = [Seg(0.5, 4.0, "I would like to"), Seg(4.3, 5.0, "book a table.")]
+    session, out, events, responder, _ = make_session(segs)
+    asr = session.engines.asr
+    await play_script(session, segs, 7.0)
+    report = await session.close()
+    (turn,) = report["turns"]
+    assert turn["transcript"] == "I would like to book a table."
+    # after the pause the first 3.5 s were never sent to the ASR again
+    assert asr.heard[-1] == {2}
+    assert all(1 in h for h in asr.heard if 2 not in h)
 
 
 async def test_speculation_on_stale_audio_is_wasted_and_never_enters_history() -> None:

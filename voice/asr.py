@@ -231,16 +231,21 @@ class StreamingASR:
         self._prev_words, self._stable, self._cache = [], [], None
         self._fixed_samples, self._fixed_text = 0, ""
 
-    def fix_prefix(self, min_new_s: float) -> bool:
-        """Cut the utterance after the newest hypothesis, if it covers exactly the audio
-        buffered now (call it at a pause: the cut then falls in silence) and at least
-        ``min_new_s`` seconds since the last cut. Later hypotheses transcribe only what follows
-        and append it to that text."""
-        if self._cache is None or self._cache[0] != self._samples:
+    def fix_prefix(self, min_new_s: float, covers_until: float | None = None) -> bool:
+        """Cut the utterance where the newest hypothesis ends, if that hypothesis reaches at
+        least call time ``covers_until`` (default: all the audio buffered now). The caller
+        passes the end of the last voiced frame during a pause, so the cut falls in silence.
+        Only if at least ``min_new_s`` seconds lie since the last cut. Later hypotheses
+        transcribe only what follows and append it to that text."""
+        if self._cache is None:
             return False
-        if (self._samples - self._fixed_samples) / SAMPLE_RATE < min_new_s or not self._cache[1].text.strip():
+        n, res = self._cache
+        end = self._start_t + n / SAMPLE_RATE
+        if end < (self.audio_end if covers_until is None else covers_until) - 1e-6:
             return False
-        self._fixed_samples, self._fixed_text = self._samples, self._cache[1].text.strip()
+        if (n - self._fixed_samples) / SAMPLE_RATE < min_new_s or not res.text.strip():
+            return False
+        self._fixed_samples, self._fixed_text = n, res.text.strip()
         return True
 
     @property
