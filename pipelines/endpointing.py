@@ -22,12 +22,13 @@ from pipelines.config import TurnConfig
 
 # Words after which an English sentence almost never ends (articles, most prepositions and
 # conjunctions, possessives, subject pronouns, fillers). Words that often end one ("thank
-# you", "I love it", "than he was", "I think so", "yes I can", "come in") are not here: for
-# those the punctuation and the LM's turn-end probability decide.
+# you", "I love it", "than he was", "I think so", "yes I can") are not here: for those the
+# punctuation and the LM's turn-end probability decide. "in" and "on" stay, although "come in"
+# ends a sentence: cutting a caller off costs more than a longer wait.
 INCOMPLETE_WORDS = frozenset(
-    """a an the and or but because if for of to at by with from as than which whose whom while unless
-    although whether into onto my your their our its i he she we they um uh er erm hmm mm um-hmm like just
-    very gonna wanna""".split()
+    """a an the and or but because if for of to in on at by with from as than which whose whom while
+    unless although whether into onto my your his their our its i he she we they be been um uh er erm hmm
+    mm um-hmm like just very gonna wanna""".split()
 )
 _WORD = re.compile(r"[A-Za-z'-]+")
 
