@@ -43,8 +43,9 @@ from pipelines.events import (
     Violation,
 )
 from pipelines.report import TurnRecord, summarize
-from pipelines.speculation import Speculation, run_chain, same_words
+from pipelines.speculation import Speculation, run_chain, same_words, with_first_audio_of
 from pipelines.transport import AudioClock, AudioOutput, Clock
+from pipelines.turn_end_opinion import TurnEndOpinions
 from voice.asr import StreamingASR, WhisperEngine, normalize_words
 from voice.audio import AudioFrame, StreamResampler
 from voice.tts import PiperTTS
@@ -113,14 +114,15 @@ class CallSession:
         self._partial_task: asyncio.Task[None] | None = None
         self._partial_end = 0.0  # call time of the end of the audio the newest partial covers
         self._awaited_by_pause: asyncio.Task[None] | None = None
-        self._eot_probs: dict[str, float | None] = {}  # normalised hypothesis -> LM turn-end probability
-        self._eot_pending: set[str] = set()
         self._unvoiced_ms = 0.0  # unvoiced audio since the last voiced frame
         self._last_partial: tuple[float, str] | None = None  # (audio end it covers, text)
         self._specs: list[Speculation] = []
         self._responding: asyncio.Task[None] | None = None
         self._playing: TurnRecord | None = None
         self._bg: set[asyncio.Task[Any]] = set()
+        self.turn_end = TurnEndOpinions(
+            lambda: self.engines.responder, cfg.turn.lm_end_of_turn, self._spawn, self._on_turn_end_prob
+        )
         self.wasted_s = 0.0
         self.cutoffs_recovered = 0
 
@@ -294,7 +296,7 @@ class CallSession:
             return
         if self._in_pause and not self._committed:
             text = self._pause_text()
-            lm_prob = self._eot_probs.get(" ".join(normalize_words(text))) if text else None
+            lm_prob = self.turn_end.peek(text)
             self.endpointer.caller_resumed_after((t - 0.02 - self.utt.user_speech_end_s) * 1000, text, lm_prob)
             self._in_pause = False
         if not self._committed:
@@ -357,7 +359,7 @@ class CallSession:
         self.bus.emit(Partial(self.session_id, t, text=upd.partial, stable=upd.stable))
         self._last_partial = (upd.audio_end, upd.partial)
         self._maybe_cut(utt)
-        self._turn_end_prob(upd.partial)  # start the LM's opinion now: it is ready if this is the end
+        self.turn_end.get(upd.partial)  # start the LM's opinion now: it is ready if this is the end
         # A partial that already reads as a finished sentence starts a speculation of its own:
         # if the caller stops here, the reply is ready before the pause is even detected.
         if (
@@ -405,14 +407,11 @@ class CallSession:
 
         async def first_audio(reply_text: str) -> tuple[str, np.ndarray] | None:
             # the same reply's first clause is synthesised once per turn
-            for other in self._specs:
-                if other is not spec and other.first_audio is not None and other.reply is not None \
-                        and other.reply.done() and not other.reply.cancelled() and not other.first_audio.cancelled():
-                    prev = other.reply.result()
-                    if prev is not None and prev.text == reply_text:
-                        pcm = await asyncio.shield(other.first_audio)
-                        return (other.first_part, pcm) if pcm is not None else None
-            return await self._first_audio(reply_text)
+            other = with_first_audio_of(self._specs, spec, reply_text)
+            if other is None or other.first_audio is None:
+                return await self._first_audio(reply_text)
+            pcm = await asyncio.shield(other.first_audio)
+            return (other.first_part, pcm) if pcm is not None else None
 
         self._spawn(run_chain(spec, reply, first_audio))
 
@@ -506,7 +505,7 @@ class CallSession:
         silence_ms = (self._audio_t - self.utt.user_speech_end_s) * 1000
         text = self._hypothesis_now()
         if text is not None:
-            known, lm_prob = self._turn_end_prob(text)
+            known, lm_prob = self.turn_end.get(text)
             if not known and silence_ms < self.cfg.turn.max_silence_ms:
                 return  # the LM's opinion is a few ms away
             required = self.endpointer.required_silence_ms(text, lm_prob=lm_prob)
@@ -523,33 +522,11 @@ class CallSession:
             self._commit(silence_ms, "max" if required >= self.cfg.turn.max_silence_ms else reason)
             if text is not None and self.utt is not None:
                 self.utt.endpoint["required_ms"] = round(required, 1)
-                self.utt.endpoint["lm_turn_end_prob"] = self._eot_probs.get(" ".join(normalize_words(text)))
+                self.utt.endpoint["lm_turn_end_prob"] = self.turn_end.peek(text)
 
-    def _turn_end_prob(self, text: str) -> tuple[bool, float | None]:
-        """(known, probability) that ``text`` is a whole turn, by the LM; computed once per
-        hypothesis in a worker thread. Without a probe (or when disabled) it is known: None."""
-        fn = getattr(self.engines.responder, "turn_end_prob", None)
-        if fn is None or not self.cfg.turn.lm_end_of_turn or getattr(self.engines.responder, "turn_end", 0) is None:
-            return True, None
-        key = " ".join(normalize_words(text))
-        if key in self._eot_probs:
-            return True, self._eot_probs[key]
-        if key not in self._eot_pending:
-            self._eot_pending.add(key)
-
-            async def compute() -> None:
-                try:
-                    self._eot_probs[key] = await asyncio.to_thread(fn, text)
-                except Exception:
-                    log.exception("turn-end probe failed; deciding without it")
-                    self._eot_probs[key] = None
-                finally:
-                    self._eot_pending.discard(key)
-                if not self.closed:
-                    self._maybe_endpoint()
-
-            self._spawn(compute())
-        return False, None
+    def _on_turn_end_prob(self) -> None:
+        if not self.closed:
+            self._maybe_endpoint()
 
     def _commit(self, silence_ms: float, reason: str) -> None:
         utt = self.utt

@@ -53,6 +53,20 @@ class Speculation:
         return all(t.done() for t in tasks)
 
 
+def with_first_audio_of(specs: list[Speculation], exclude: Speculation, reply_text: str) -> Speculation | None:
+    """Another live speculation whose finished reply is ``reply_text`` and that synthesises
+    (or has synthesised) its first clause: that audio can be shared, not made again."""
+    for other in specs:
+        if other is exclude or other.first_audio is None or other.first_audio.cancelled():
+            continue
+        if other.reply is None or not other.reply.done() or other.reply.cancelled():
+            continue
+        prev = other.reply.result()
+        if prev is not None and prev.text == reply_text:
+            return other
+    return None
+
+
 async def run_chain(
     spec: Speculation,
     make_reply: Callable[[str], Awaitable[Reply | None]],

@@ -20,7 +20,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -140,7 +140,7 @@ class WhisperEngine:
             return TranscriptResult("", 0.0, self.window_for(0.0, window_s))
         window = self.window_for(audio_s, window_s)
         if window < 30.0:
-            text, nsp = self._short_window(audio, window, audio_s)
+            text, nsp = self._short_window(audio, window)
             if looks_degenerate(text, audio_s):
                 # a loop: its first period is usually the words (the 30 s path costs ~10x more)
                 fixed = deloop(text)
@@ -164,7 +164,7 @@ class WhisperEngine:
             # the generator decodes lazily: consume it here, inside the worker thread
             return " ".join(s.text.strip() for s in segments).strip()
 
-    def _short_window(self, audio: np.ndarray, window: float, audio_s: float | None = None) -> tuple[str, float]:
+    def _short_window(self, audio: np.ndarray, window: float) -> tuple[str, float]:
         fe = self.model.feature_extractor
         n = int(window * SAMPLE_RATE)
         padded = np.zeros(n, dtype=np.float32)
@@ -178,7 +178,7 @@ class WhisperEngine:
                 [prompt],
                 beam_size=self.cfg.beam_size,
                 # nobody says more than ~6 tokens a second: a loop stops there, and costs little
-                max_length=min(448, len(prompt) + int(6 * (window if audio_s is None else audio_s)) + 10),
+                max_length=min(448, len(prompt) + int(6 * min(window, len(audio) / SAMPLE_RATE)) + 10),
                 suppress_blank=True,
                 suppress_tokens=[-1],
                 return_no_speech_prob=True,
@@ -277,10 +277,7 @@ class StreamingASR:
         audio = self._buffer()[self._fixed_samples : n]
         res = await asyncio.to_thread(self.transcribe, audio)
         if self._fixed_text:
-            res = TranscriptResult(
-                f"{self._fixed_text} {res.text}".strip(), res.seconds, res.window_s, res.fell_back, res.no_speech_prob,
-                res.delooped,
-            )
+            res = replace(res, text=f"{self._fixed_text} {res.text}".strip())
         self._cache = (n, res)
         return res, end
 
