@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -32,16 +33,31 @@ class Speculation:
     reply: asyncio.Task[Reply | None] | None = None
     first_audio: asyncio.Task[np.ndarray | None] | None = None
     first_part: str = ""
-    compute_s: float = 0.0
     text: str | None = None
+    ready_t: float | None = None  # call time its first clause of audio was ready
     _t0: float = field(default_factory=time.perf_counter)
+    _t_last_done: float | None = None
+
+    def __post_init__(self) -> None:
+        self.track(self.asr)
+
+    def track(self, task: asyncio.Task[Any]) -> None:
+        """Count ``task`` in this speculation's compute time (until it ends)."""
+        def done(_: asyncio.Task[Any]) -> None:
+            self._t_last_done = time.perf_counter()
+
+        task.add_done_callback(done)
 
     def cancel(self) -> float:
-        """Cancel whatever is still running; returns the wall seconds this speculation used."""
+        """Cancel whatever is still running; returns the wall seconds this speculation worked:
+        from its start to now if something was still running, else to when its last step ended."""
+        running = False
         for t in (self.asr, self.reply, self.first_audio):
             if t is not None and not t.done():
                 t.cancel()
-        return time.perf_counter() - self._t0
+                running = True
+        end = time.perf_counter() if running or self._t_last_done is None else self._t_last_done
+        return max(0.0, end - self._t0)
 
     @property
     def cancelled(self) -> bool:
@@ -78,6 +94,7 @@ async def run_chain(
     if not text.strip():
         return
     spec.reply = asyncio.ensure_future(make_reply(text))
+    spec.track(spec.reply)
     reply = await spec.reply
     if reply is None or not reply.text:
         return
@@ -90,4 +107,5 @@ async def run_chain(
         return out[1]
 
     spec.first_audio = asyncio.ensure_future(first())
+    spec.track(spec.first_audio)
     await spec.first_audio
