@@ -1,20 +1,23 @@
 """End-of-turn prediction: how much silence to wait before the caller's turn is over.
 
 A fixed silence timeout is either slow (0.5 s in most frameworks) or cuts people off when
-they pause mid-sentence. Here the wait depends on how complete the transcript looks:
+they pause mid-sentence. Here the wait depends on the probability that the turn is over:
 
-- ends with terminal punctuation or a complete-sounding word: ``min_silence_ms``;
-- ends with a function word, a filler or a comma ("for", "the", "and", "um", ","):
-  ``incomplete_silence_ms``;
-- no hypothesis yet: halfway between;
+- the words' surface gives a prior: a question mark or a full stop says finished, a trailing
+  function word, filler or comma ("for", "the", "and", "um", ",") says not (`PRIOR_DONE`);
 - the language model's probability that the words make a whole turn (`llm.turn_end`) moves
-  the cases that punctuation and function words leave open;
+  that prior in log-odds, except after a function word, a comma or a question mark;
+- the wait runs from ``min_silence_ms`` (as sure as a full stop) to ``incomplete_silence_ms``
+  (certainly unfinished), growing with the doubt to the power 1.5;
+- an older partial that may miss the last words, or no hypothesis at all, waits as for an
+  even chance;
 - the caller's own pause history stretches the waits when they often go on after a pause that
   looked like the end (``adapt_to_caller``), bounded by ``max_silence_ms``.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -30,44 +33,61 @@ INCOMPLETE_WORDS = frozenset(
     unless although whether into onto my your his their our its i he she we they be been um uh er erm hmm
     mm um-hmm like just very gonna wanna""".split()
 )
+# "have"/"be"/"get" right after a modal or "to" is an auxiliary or infinitive waiting for its verb
+# or complement; alone ("I have.", "let it be.") the word may end a sentence.
+MODALS = frozenset("to can could will would shall should may might must".split())
+AUXILIARIES = frozenset("have be get".split())
+ADVERBS = frozenset("not never even also just really already still probably only".split())
 _WORD = re.compile(r"[A-Za-z'-]+")
 
 
+# How often a turn is over when its words end like this, before any other evidence: a question
+# or exclamation almost always ends one; Whisper's full stop mostly does (it also puts one after
+# fragments); bare words are an even chance; a trailing function word or comma almost never is.
+PRIOR_DONE = {"question": 0.95, "full_stop": 0.85, "bare": 0.5, "function_word": 0.1, "comma": 0.0, "empty": 0.5}
+# Weight of the LM's log-odds. The probe is a logistic regression fitted on balanced whole/cut
+# prompts, so its log-odds estimate the likelihood ratio of "whole" against "cut".
+LM_WEIGHT = 1.0
+# As sure as a full stop alone: the shortest wait. Below it the wait grows with the doubt to
+# the power 1.5, so likely-finished turns commit fast and fragments wait long.
+P_SURE = 0.85
+LOOKS_DONE = 0.5  # a hypothesis this likely finished counts as a possible turn end
+STALE_MAX = 0.5  # an older partial may miss the last words: it cannot make the turn look finished
+
+
 def completeness(text: str, lm_prob: float | None = None) -> float:
-    """0 = clearly unfinished, 1 = looks finished, 0.5 = no evidence.
+    """The probability that the caller's turn is over after ``text`` (0.5: no evidence).
 
-    ``lm_prob`` is the language model's probability that the words make a whole turn
-    (`llm.turn_end`, which ignores punctuation). It cannot overrule a trailing function word,
-    a comma or a question mark; otherwise an unsure LM makes the turn wait (below 0.45 longer
-    than the middle ground, below 0.3 nearly as long as after a function word: Whisper puts a
-    full stop after fragments too), and from 0.7 a turn without punctuation counts as
-    finished."""
-    c = _surface_completeness(text)
-    if lm_prob is None or c <= 0.1 or text.strip().endswith(("?", "!")):
-        return c
-    if lm_prob < 0.3:
-        return min(c, 0.25)  # the words read as a fragment: nearly the wait of a function word
-    if lm_prob < 0.45:
-        return min(c, 0.6)
-    if lm_prob >= 0.7:
-        return 1.0
-    return c
+    The surface of the words gives a prior (`PRIOR_DONE`); the language model's probability
+    that the words make a whole turn (`llm.turn_end`, which ignores punctuation) moves it in
+    log-odds. The LM cannot overrule a trailing function word, a comma or a question mark."""
+    kind = surface_kind(text)
+    prior = PRIOR_DONE[kind]
+    if lm_prob is None or kind in ("question", "function_word", "comma", "empty"):
+        return prior
+    lm = min(max(lm_prob, 1e-4), 1 - 1e-4)
+    logit = math.log(prior / (1 - prior)) + LM_WEIGHT * math.log(lm / (1 - lm))
+    return 1.0 / (1.0 + math.exp(-logit))
 
 
-def _surface_completeness(text: str) -> float:
+def surface_kind(text: str) -> str:
     t = text.strip()
     if not t:
-        return 0.5
+        return "empty"
     if t.endswith(("...", "…", ",", ";", ":", "-", "—")):
-        return 0.0
+        return "comma"
     if t.endswith(("?", "!")):
-        return 1.0
+        return "question"
     words = _WORD.findall(t.lower())
     if words and words[-1] in INCOMPLETE_WORDS:
-        return 0.1
+        return "function_word"
+    if words and words[-1] in AUXILIARIES:
+        before = [w for w in words[:-1] if w not in ADVERBS]
+        if before and before[-1] in MODALS:
+            return "function_word"  # "he might even have", "I want to be": a verb must follow
     if t.endswith("."):
-        return 1.0
-    return 0.7
+        return "full_stop"
+    return "bare"
 
 
 @dataclass
@@ -81,11 +101,12 @@ class Endpointer:
         ``lm_prob``: the LM's probability that ``text`` is a whole turn, if known."""
         c = completeness(text or "", lm_prob)
         if stale:
-            c = min(c, 0.7)
+            c = min(c, STALE_MAX)
         lo, hi = self.cfg.min_silence_ms, self.cfg.incomplete_silence_ms
-        wait = hi - c * (hi - lo)
+        doubt = min(1.0, max(0.0, (P_SURE - c) / P_SURE))
+        wait = lo + (hi - lo) * doubt**1.5
         lm_sure = lm_prob is not None and lm_prob >= 0.7
-        if self.cfg.adapt_to_caller and self.resumed_pauses and c >= 0.7 and not lm_sure:
+        if self.cfg.adapt_to_caller and self.resumed_pauses and c >= LOOKS_DONE and not lm_sure:
             # a caller who keeps pausing briefly and going on gets a little more room
             recent = sorted(self.resumed_pauses[-8:])
             p75 = recent[int(0.75 * (len(recent) - 1))]
@@ -100,6 +121,6 @@ class Endpointer:
         the short dips between words would stretch every wait."""
         if pause_ms < max(self.cfg.min_silence_ms, 1):
             return
-        if text is not None and completeness(text, lm_prob) < 0.7:
+        if text is not None and completeness(text, lm_prob) < LOOKS_DONE:
             return
         self.resumed_pauses.append(pause_ms)

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from llm.responder import Reply, Responder
 from pipelines.config import AgentConfig, BudgetConfig, ConfigError, format_validation_error
-from pipelines.endpointing import Endpointer, completeness
+from pipelines.endpointing import LOOKS_DONE, Endpointer, completeness
 from pipelines.events import (
     Dtmf,
     EndpointDecision,
@@ -358,13 +358,14 @@ class CallSession:
         utt.partials.append({"t": round(t, 3), "text": upd.partial, "stable": upd.stable})
         self.bus.emit(Partial(self.session_id, t, text=upd.partial, stable=upd.stable))
         self._last_partial = (upd.audio_end, upd.partial)
+        self._note_hypothesis(utt, upd.audio_end)
         self._maybe_cut(utt)
         self.turn_end.get(upd.partial)  # start the LM's opinion now: it is ready if this is the end
         # A partial that already reads as a finished sentence starts a speculation of its own:
         # if the caller stops here, the reply is ready before the pause is even detected.
         if (
             self.cfg.turn.speculation
-            and completeness(upd.partial) >= 0.7
+            and completeness(upd.partial) >= LOOKS_DONE
             and asyncio.current_task() is not self._awaited_by_pause
             and not any(x.text is not None and same_words(x.text, upd.partial) for x in self._specs)
         ):
@@ -409,9 +410,12 @@ class CallSession:
             # the same reply's first clause is synthesised once per turn
             other = with_first_audio_of(self._specs, spec, reply_text)
             if other is None or other.first_audio is None:
-                return await self._first_audio(reply_text)
-            pcm = await asyncio.shield(other.first_audio)
-            return (other.first_part, pcm) if pcm is not None else None
+                out = await self._first_audio(reply_text)
+            else:
+                pcm = await asyncio.shield(other.first_audio)
+                out = (other.first_part, pcm) if pcm is not None else None
+            spec.ready_t = self.clock.now()
+            return out
 
         self._spawn(run_chain(spec, reply, first_audio))
 
@@ -452,6 +456,7 @@ class CallSession:
                 self._maybe_cut(utt)
                 return last[1]
             upd = await self.asr.process_iter()
+            self._note_hypothesis(utt, upd.audio_end)
             self._maybe_cut(utt)
             if upd.partial and utt is self.utt:
                 t = self.clock.now()
@@ -465,6 +470,12 @@ class CallSession:
         if chain:
             self._chain(spec)
         return spec
+
+    def _note_hypothesis(self, utt: TurnRecord, audio_end: float) -> None:
+        """Record when a transcript covering every voiced frame of the turn was ready (ms after
+        the last voiced frame): the earliest the turn's final transcript can be known."""
+        if utt is self.utt and not self._committed and audio_end >= utt.user_speech_end_s:
+            utt.speculation["final_text_ms"] = round((self.clock.now() - utt.user_speech_end_s) * 1000, 1)
 
     def _pause_text(self) -> str | None:
         """The newest hypothesis of the turn so far (it may not cover the last words)."""
@@ -641,6 +652,9 @@ class CallSession:
         if first is None and parts:
             first = await asyncio.to_thread(self.engines.tts.synth, parts[0])
         t_tts = self.clock.now()
+        if hit and spec is not None and spec.ready_t is not None:
+            # when the prepared first clause was ready, from the caller's last voiced frame
+            utt.speculation["ready_ms"] = round((spec.ready_t - utt.user_speech_end_s) * 1000, 1)
         # 4. play
         if self._playing is not utt:
             self._playing = utt
