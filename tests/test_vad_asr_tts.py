@@ -179,6 +179,17 @@ def test_tts_streams_first_clause_and_round_trips_through_asr(engines) -> None:
     assert wer(text, back.text) <= 0.2, back.text
 
 
+def test_tts_reuses_a_clause_it_has_said_and_nobody_can_change_it(engines) -> None:
+    tts = engines.tts
+    clause = "Could you say that again, please?"
+    first = tts.synth(clause)
+    hits = tts.cache_hits
+    again = tts.synth(clause)
+    assert tts.cache_hits == hits + 1 and np.array_equal(first, again) and len(again) > tts.sample_rate // 2
+    with pytest.raises(ValueError):
+        again[0] = 1  # shared between turns: read-only
+
+
 @pytest.mark.slow
 async def test_tts_stream_is_cancellable(engines) -> None:
     got = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -71,6 +72,9 @@ class PiperTTS:
         )
         self.sample_rate: int = int(self.voice.config.sample_rate)
         self._syn = SynthesisConfig(length_scale=self.cfg.length_scale)
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache_lock = threading.Lock()
+        self.cache_hits = 0
 
     def synthesize_chunks(self, text: str, cancel: threading.Event | None = None) -> Iterator[np.ndarray]:
         """Blocking: yields int16 PCM per clause/sentence, first clause first."""
@@ -98,16 +102,35 @@ class PiperTTS:
         return split_for_speech(text, self.cfg.max_first_words, self.cfg.split_clauses)
 
     def synth(self, part: str) -> np.ndarray:
-        """Blocking: one clause or sentence to int16 PCM at `sample_rate`."""
+        """Blocking: one clause or sentence to int16 PCM at `sample_rate`. Clauses said
+        before ("Sure.", "Could you say that again?") come from a small cache
+        (``cache_clauses``): an agent's openings repeat, and they are its first audio."""
+        cached = self._cache_get(part)
+        if cached is not None:
+            return cached
         chunks = [c.audio_int16_array for c in self.voice.synthesize(part, syn_config=self._syn)]
-        if not chunks:
-            return np.zeros(0, dtype=np.int16)
-        return np.concatenate(chunks).astype(np.int16, copy=False)
+        pcm = np.concatenate(chunks).astype(np.int16, copy=False) if chunks else np.zeros(0, dtype=np.int16)
+        self._cache_put(part, pcm)
+        return pcm
 
     def _synth_one(self, part: str, cancel: threading.Event) -> np.ndarray | None:
         if cancel.is_set():
             return None
-        chunks = [c.audio_int16_array for c in self.voice.synthesize(part, syn_config=self._syn)]
-        if not chunks:
-            return np.zeros(0, dtype=np.int16)
-        return np.concatenate(chunks).astype(np.int16, copy=False)
+        return self.synth(part)
+
+    def _cache_get(self, part: str) -> np.ndarray | None:
+        with self._cache_lock:
+            pcm = self._cache.get(part)
+            if pcm is not None:
+                self._cache.move_to_end(part)
+                self.cache_hits += 1
+            return pcm
+
+    def _cache_put(self, part: str, pcm: np.ndarray) -> None:
+        if self.cfg.cache_clauses <= 0 or len(pcm) == 0:
+            return
+        pcm.setflags(write=False)  # shared between turns: nobody may change it
+        with self._cache_lock:
+            self._cache[part] = pcm
+            while len(self._cache) > self.cfg.cache_clauses:
+                self._cache.popitem(last=False)
