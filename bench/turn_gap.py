@@ -106,7 +106,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     agent = await Agent.load(cfg)
     calls = build_calls(args.calls)
     ours: dict[str, Any] = {"gaps": [], "cutoffs": 0, "missed": 0, "hits": 0, "spec": 0, "violations": 0,
-                            "stages": {}, "wasted_ms": 0.0, "recovered": 0}
+                            "stages": {}, "wasted_ms": 0.0, "recovered": 0, "turns": [],
+                            "content_gaps": [], "fallbacks": 0}
     lk: dict[str, Any] = {"gaps": [], "cutoffs": 0, "missed": 0}
     for i, call in enumerate(calls):
         report, _ = await replay_pcm(agent, call["pcm"], RATE, fast=False)
@@ -115,10 +116,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         ours["cutoffs"] += c
         ours["missed"] += m
         ours["gaps"] += [t["gap_ms"] for t in report["turns"] if t["gap_ms"] is not None]
+        ours["content_gaps"] += [(t["first_content_audio_s"] - t["user_speech_end_s"]) * 1000
+                                 for t in report["turns"] if t["first_content_audio_s"] is not None]
+        ours["fallbacks"] += report["summary"].get("fallbacks", 0)
         ours["violations"] += report["summary"]["violations"]
         ours["wasted_ms"] += report["summary"].get("speculation_wasted_ms", 0.0)
         ours["recovered"] += report["summary"].get("cutoffs_recovered", 0)
         for t in report["turns"]:
+            ours["turns"].append({
+                "call": i, "transcript": t["transcript"], "gap_ms": t["gap_ms"],
+                "endpoint": {k: t["endpoint"].get(k) for k in ("reason", "silence_ms", "required_ms",
+                                                               "lm_turn_end_prob")},
+                "final_text_ms": t["speculation"].get("final_text_ms"),
+                "ready_ms": t["speculation"].get("ready_ms"), "stages": t["stages"]})
             ours["spec"] += int(t["speculation"]["used"])
             ours["hits"] += int(t["speculation"]["hit"])
             for k, v in t["stages"].items():
@@ -141,12 +151,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "turns_with_mid_pause": paused,
         "ours": {"p50_ms": pct(ours["gaps"], 50), "p95_ms": pct(ours["gaps"], 95), "cutoffs": ours["cutoffs"],
                  "missed": ours["missed"],
+                 # with turn.fallback an acknowledgement may come first: the reply's own audio
+                 "first_content_p50_ms": pct(ours["content_gaps"], 50),
+                 "first_content_p95_ms": pct(ours["content_gaps"], 95),
+                 "fallbacks": ours["fallbacks"],
                  "speculation_hit_rate": round(ours["hits"] / ours["spec"], 3) if ours["spec"] else None,
                  "violations": ours["violations"],
                  "stage_p50_ms": {k: round(statistics.median(v), 1) for k, v in ours["stages"].items()},
                  "false_cutoff_rate": round(ours["cutoffs"] / turns, 3),
                  "premature_endpoints_taken_back": ours["recovered"],
-                 "speculation_wasted_s": round(ours["wasted_ms"] / 1000, 1)},
+                 "speculation_wasted_s": round(ours["wasted_ms"] / 1000, 1),
+                 "prepared_ready_p50_ms": pct([t["ready_ms"] for t in ours["turns"] if t["ready_ms"] is not None], 50),
+                 "final_text_p50_ms": pct([t["final_text_ms"] for t in ours["turns"]
+                                           if t["final_text_ms"] is not None], 50),
+                 "turns": ours["turns"]},
         "livekit": {"p50_ms": pct(lk["gaps"], 50), "p95_ms": pct(lk["gaps"], 95), "cutoffs": lk["cutoffs"],
                     "missed": lk["missed"], "false_cutoff_rate": round(lk["cutoffs"] / turns, 3)}
         if not args.skip_livekit else None,
@@ -164,7 +182,8 @@ def main() -> None:
     ap.add_argument("--skip-livekit", action="store_true")
     args = ap.parse_args()
     out = asyncio.run(run(args))
-    print(json.dumps(out, indent=2))
+    brief = {**out, "ours": {k: v for k, v in out["ours"].items() if k != "turns"}}
+    print(json.dumps(brief, indent=2))  # the per-turn detail goes to --json only
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
 
