@@ -113,6 +113,7 @@ class CallSession:
         self._last_partial_samples = 0
         self._partial_task: asyncio.Task[None] | None = None
         self._partial_end = 0.0  # call time of the end of the audio the newest partial covers
+        self._partial_cost_s = 0.0  # wall seconds the last partial's transcription took
         self._awaited_by_pause: asyncio.Task[None] | None = None
         self._unvoiced_ms = 0.0  # unvoiced audio since the last voiced frame
         self._last_partial: tuple[float, str] | None = None  # (audio end it covers, text)
@@ -276,6 +277,7 @@ class CallSession:
         self._in_pause = False
         self._last_partial_samples = 0
         self._partial_end = 0.0
+        self._partial_cost_s = 0.0
         self._specs.clear()
         self._pause_buf.clear()
         self._last_partial = None
@@ -320,12 +322,13 @@ class CallSession:
         self._speculate()
 
     def _maybe_partial(self) -> None:
-        busy = self._partial_task is not None and not self._partial_task.done()
-        spec_busy = any(not s.asr.done() for s in self._specs)
-        if busy or spec_busy or self.utt is None:
+        if self.utt is None or any(not s.asr.done() for s in self._specs):
             return
         n = int(self.asr.duration * ASR_RATE)
-        due = n - self._last_partial_samples >= self.cfg.asr.partial_interval_ms * 16
+        # Partials come every partial_interval_ms of audio, but no more often than twice their
+        # own cost: on a long turn each costs more, and the tail partial must find a free worker.
+        interval_ms = max(self.cfg.asr.partial_interval_ms, 2000.0 * self._partial_cost_s)
+        due = n - self._last_partial_samples >= interval_ms * ASR_RATE / 1000
         # The caller may just have stopped: a partial now covers every voiced frame, so if
         # they have, it is the final transcript, ready before the VAD even reports the pause.
         tail_ms = self.cfg.asr.tail_partial_ms
@@ -333,9 +336,14 @@ class CallSession:
             tail_ms > 0
             and not self._in_pause
             and self._unvoiced_ms >= tail_ms
-            and self.utt.user_speech_end_s > self._partial_end
+            and not covers(self._partial_end, self.utt.user_speech_end_s)
         )
-        if not (due or tail):
+        if self._partial_task is not None and not self._partial_task.done():
+            # One partial at a time, except that the tail partial does not wait for one that
+            # started before the last voiced frame: with a second ASR worker it runs alongside.
+            if not tail or self.cfg.asr.workers < 2:
+                return
+        elif not (due or tail):
             return
         self._last_partial_samples = n
         self._partial_end = self.asr.audio_end
@@ -346,14 +354,17 @@ class CallSession:
         task = self._partial_task
         if task is None or task.done() or self.utt is None:
             return None
-        return task if self._partial_end >= self.utt.user_speech_end_s else None
+        return task if covers(self._partial_end, self.utt.user_speech_end_s) else None
 
     async def _partial(self) -> None:
         utt = self.utt
         n = int(self.asr.duration * ASR_RATE)
         upd = await self.asr.process_iter()
+        self._partial_cost_s = upd.compute_s
         if utt is None or utt is not self.utt or not upd.partial or self._committed:
             return
+        if self._last_partial is not None and upd.audio_end < self._last_partial[0]:
+            return  # a newer partial (the tail's) finished first
         t = self.clock.now()
         utt.partials.append({"t": round(t, 3), "text": upd.partial, "stable": upd.stable})
         self.bus.emit(Partial(self.session_id, t, text=upd.partial, stable=upd.stable))
@@ -426,7 +437,7 @@ class CallSession:
         if (
             self._covering_partial() is None
             and last is not None
-            and last[0] >= self.utt.user_speech_end_s
+            and covers(last[0], self.utt.user_speech_end_s)
             and any(x.text is not None and same_words(x.text, last[1]) and not x.cancelled for x in self._specs)
         ):
             return  # a finished partial covers the speech and is already being answered
@@ -450,7 +461,7 @@ class CallSession:
             if covering is not None:
                 await asyncio.shield(covering)
             last = self._last_partial
-            if utt is self.utt and last is not None and last[0] >= utt.user_speech_end_s:
+            if utt is self.utt and last is not None and covers(last[0], utt.user_speech_end_s):
                 # a partial (done, or running when the pause came) covers all the speech:
                 # it is this pause's hypothesis, and the ASR need not run again
                 self._maybe_cut(utt)
@@ -474,7 +485,7 @@ class CallSession:
     def _note_hypothesis(self, utt: TurnRecord, audio_end: float) -> None:
         """Record when a transcript covering every voiced frame of the turn was ready (ms after
         the last voiced frame): the earliest the turn's final transcript can be known."""
-        if utt is self.utt and not self._committed and audio_end >= utt.user_speech_end_s:
+        if utt is self.utt and not self._committed and covers(audio_end, utt.user_speech_end_s):
             utt.speculation["final_text_ms"] = round((self.clock.now() - utt.user_speech_end_s) * 1000, 1)
 
     def _pause_text(self) -> str | None:
@@ -506,7 +517,7 @@ class CallSession:
         return (
             self.utt is not None
             and self._last_partial is not None
-            and self._last_partial[0] >= self.utt.user_speech_end_s
+            and covers(self._last_partial[0], self.utt.user_speech_end_s)
             and bool(normalize_words(self._last_partial[1]))
         )
 
@@ -756,6 +767,12 @@ class CallSession:
         task.add_done_callback(self._bg.discard)
         task.add_done_callback(_log_failure)
         return task
+
+
+def covers(audio_end: float, speech_end: float) -> bool:
+    """Does audio up to ``audio_end`` include the voiced frame ending at ``speech_end``? The two
+    times are summed differently (samples vs frames), so they are compared to the millisecond."""
+    return audio_end >= speech_end - 1e-3
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:
