@@ -39,6 +39,7 @@ class AsrConfig(_Section):
     compute_type: str = "int8"
     beam_size: int = Field(1, ge=1, le=10)
     threads: int = Field(1, ge=1, le=16)
+    workers: int = Field(2, ge=1, le=8, description="transcriptions that may run at once")
     language: str = "en"
     window_s: float = Field(8.0, ge=2.0, le=30.0, description="largest short encoder window (Whisper pads to it)")
     min_window_s: float = Field(

@@ -88,7 +88,8 @@ def deloop(text: str) -> str | None:
 
 
 class WhisperEngine:
-    """Thread-safe enough for one caller at a time per call; CTranslate2 serialises internally."""
+    """Thread-safe: up to ``asr.workers`` transcriptions run at once (CTranslate2 workers, one
+    model replica each); more wait their turn."""
 
     def __init__(self, cfg: AsrConfig | None = None) -> None:
         self.cfg = cfg or AsrConfig()
@@ -99,12 +100,15 @@ class WhisperEngine:
         if not (path / "model.bin").exists():
             raise AsrLoadError(f"no CTranslate2 Whisper model in {path}")
         self.model = WhisperModel(
-            str(path), device="cpu", compute_type=self.cfg.compute_type, cpu_threads=self.cfg.threads, num_workers=1
+            str(path), device="cpu", compute_type=self.cfg.compute_type, cpu_threads=self.cfg.threads,
+            num_workers=self.cfg.workers,
         )
         self.tokenizer = Tokenizer(
             self.model.hf_tokenizer, self.model.model.is_multilingual, task="transcribe", language=self.cfg.language
         )
-        self._lock = threading.Lock()
+        # one call per CTranslate2 worker at a time: with 2, a caller's final transcript need
+        # not wait for a partial that started just before they stopped
+        self._lock = threading.BoundedSemaphore(self.cfg.workers)
 
     def warmup(self) -> None:
         noise = (np.random.default_rng(0).standard_normal(SAMPLE_RATE) * 0.01).astype(np.float32)
