@@ -101,8 +101,8 @@ class Responder:
         cancel: threading.Event | None = None,
         drop_ratio: float = 0.5,
     ) -> Reply:
-        """Warm start from ``prev`` for a changed prompt. One scoring pass with the new prompt
-        finds the positions that depend on the change (their best outcome moved, or their
+        """Warm start from ``prev`` for a changed prompt. One scoring pass (a batch of two) with
+        the new prompt finds the positions that depend on the change (their best outcome moved, or their
         token lost more than ``drop_ratio`` of its probability) and those that are not
         confident (below ``keep_threshold``); only those are re-masked and re-decoded, with a
         pass budget scaled to their share of the block. The end token and the padding after it
@@ -114,16 +114,23 @@ class Responder:
         block = list(prev.block)
         if len(block) != self.cfg.block_len or len(prev.confidence) != len(block):
             raise ValueError(f"previous block has {len(block)} positions, the config says {self.cfg.block_len}")
-        ids = torch.tensor([prompt + block])
-        attn = torch.ones_like(ids)
+        end_at = block.index(sp.eot) if sp.eot in block else len(block)
+        # A masked LM is trained to predict masked positions only, so each kept token is scored
+        # with its own position masked: one batch of two rows, the even positions masked in one
+        # and the odd ones in the other (each token seen against its new prompt and the rest of
+        # the block, as a pseudo-likelihood).
+        rows = torch.tensor([prompt + block, prompt + block])
+        scored = min(end_at + 1, len(block))
+        for j in range(scored):
+            rows[j % 2, len(prompt) + j] = sp.mask
         with torch.no_grad():
-            probs = self.lm.logits_fn(ids, attn, len(prompt)).float().softmax(-1)[0]
+            both = self.lm.logits_fn(rows, torch.ones_like(rows), len(prompt)).float().softmax(-1)
+        probs = torch.stack([both[j % 2, j] for j in range(len(block))])
         ends = sp.end_ids
         p_end = probs[:, ends].sum(-1)
         words = probs.clone()
         words[:, [sp.mask, *sp.forbidden, *ends]] = 0.0
         best_word = words.max(-1)
-        end_at = block.index(sp.eot) if sp.eot in block else len(block)
         remask = [False] * len(block)
         for j in range(end_at + 1 if end_at < len(block) else len(block)):
             tok = block[j]
