@@ -14,11 +14,12 @@ endpointer. Each call is replayed at real-time pace through:
 
 The gap is measured the same way for both: from the last frame webrtcvad calls voiced (frame
 by frame, no hysteresis) before each agent onset to the first agent sample out. Our session's
-own figure, whose VAD segmenter ignores isolated voiced blips, is `session_gap_p50_ms`. A cut-off is agent audio starting while the
-caller's utterance (pauses included) is still in progress; a missed reply is an utterance
-with no agent audio before the next one. Prints p50/p95, cut-offs (and the false cut-off
-rate: cut-offs per turn), misses, speculation hit rate and wasted compute, per-stage medians,
-violations, and the ratio of our p50 to LiveKit's.
+own figure, whose VAD segmenter ignores isolated voiced blips, is `session_gap_p50_ms`. A
+cut-off is agent audio starting while the caller's utterance (pauses included) is still in
+progress; a missed reply is an utterance with no agent audio before the next one. Prints
+p50/p95, cut-offs (and the false cut-off rate: cut-offs per turn), misses, speculation hit
+rate and wasted compute, per-stage medians, violations, and the ratio of our p50 to
+LiveKit's.
 """
 
 from __future__ import annotations
