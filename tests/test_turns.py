@@ -18,7 +18,7 @@ from llm.responder import Reply
 from pipelines.config import AgentConfig
 from pipelines.endpointing import Endpointer, completeness
 from pipelines.events import EventBus, Interrupt, SpeculationStarted, Violation
-from pipelines.session import CallSession, Engines
+from pipelines.session import CallSession, Engines, covers
 from pipelines.speculation import Speculation
 from pipelines.transport import AudioClock
 from voice.asr import TranscriptResult
@@ -361,3 +361,12 @@ async def test_wasted_compute_stops_counting_when_the_speculation_finished() -> 
     slow = Speculation(samples=16000, started_t=0.0, asr=asyncio.ensure_future(asyncio.sleep(10)))
     await asyncio.sleep(0.1)
     assert slow.cancel() >= 0.09  # still running: it worked until now
+
+
+def test_audio_covers_the_last_voiced_frame_despite_float_sums() -> None:
+    audio_end = 0.0
+    for _ in range(550):
+        audio_end += FRAME / RATE  # 11 s of frames summed one by one: not exactly 11.0
+    assert audio_end != 11.0
+    assert covers(audio_end, 11.0) and covers(11.0, audio_end)
+    assert not covers(11.0 - 0.02, 11.0)  # a whole frame short does not cover
