@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-STAGES = ("vad_endpoint", "asr_final", "llm_block", "tts_first_audio", "output")
+from pipelines.budgets import STAGES
 
 
 @dataclass

@@ -25,22 +25,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from pipelines.budgets import BUDGET_KEYS, STAGES
 from pipelines.config import BudgetConfig
 
-STAGES = ("vad_endpoint", "asr_final", "llm_block", "tts_first_audio", "output")
 STAGE_LABELS = {
     "vad_endpoint": "end of turn",
     "asr_final": "ASR final",
     "llm_block": "LLM block",
     "tts_first_audio": "TTS first audio",
     "output": "output",
-}
-BUDGET_KEYS = {
-    "vad_endpoint": "endpoint_ms",
-    "asr_final": "asr_final_ms",
-    "llm_block": "llm_block_ms",
-    "tts_first_audio": "tts_first_audio_ms",
-    "output": "output_ms",
 }
 STAGE_COLORS = {
     "vad_endpoint": "#4C72B0",

@@ -26,6 +26,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from llm.responder import Reply, Responder
+from pipelines.budgets import stage_violations
 from pipelines.config import AgentConfig, BudgetConfig, ConfigError, format_validation_error
 from pipelines.endpointing import LOOKS_DONE, Endpointer, completeness
 from pipelines.events import (
@@ -726,16 +727,9 @@ class CallSession:
         return self.output.play(out)
 
     def _check_budgets(self, utt: TurnRecord) -> None:
-        b = self.budgets
-        limits = {"vad_endpoint": b.endpoint_ms, "asr_final": b.asr_final_ms, "llm_block": b.llm_block_ms,
-                  "tts_first_audio": b.tts_first_audio_ms, "output": b.output_ms}
-        for stage, budget in limits.items():
-            actual = utt.stages.get(stage, 0.0)
-            if actual > budget:
-                v = {"stage": stage, "budget_ms": budget, "actual_ms": round(actual, 1),
-                     "over_ms": round(actual - budget, 1)}
-                utt.violations.append(v)
-                self.bus.emit(Violation(self.session_id, self.clock.now(), turn=utt.index, **v))
+        for v in stage_violations(utt.stages, self.budgets):
+            utt.violations.append(v)
+            self.bus.emit(Violation(self.session_id, self.clock.now(), turn=utt.index, **v))
 
     def _barge_in(self, t: float) -> None:
         turn = self._playing

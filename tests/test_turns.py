@@ -370,3 +370,13 @@ def test_audio_covers_the_last_voiced_frame_despite_float_sums() -> None:
     assert audio_end != 11.0
     assert covers(audio_end, 11.0) and covers(11.0, audio_end)
     assert not covers(11.0 - 0.02, 11.0)  # a whole frame short does not cover
+
+
+def test_stage_violations_name_the_stage_and_the_ms_over() -> None:
+    from pipelines.budgets import stage_violations
+
+    budgets = AgentConfig().budgets
+    stages = {"vad_endpoint": 120.0, "asr_final": 10.0, "llm_block": 40.0, "output": 25.04}
+    got = stage_violations(stages, budgets)
+    assert [v["stage"] for v in got] == ["vad_endpoint", "output"]  # at the budget is not over it
+    assert got[0] == {"stage": "vad_endpoint", "budget_ms": budgets.endpoint_ms, "actual_ms": 120.0, "over_ms": 40.0}
