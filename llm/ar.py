@@ -47,12 +47,12 @@ class ArLM:
         self._forbidden = [sp.pad, sp.bos, sp.sep, sp.mask]
 
     @classmethod
-    def load(cls, path: str | Path = AR_WEIGHTS) -> ArLM:
+    def load(cls, path: str | Path = AR_WEIGHTS, dtype: torch.dtype = torch.float32) -> ArLM:
         p = Path(path)
         if not (p / "config.json").exists() or not (p / "tokenizer.json").exists():
             raise ArLoadError(f"no AR model at {p} (config.json or tokenizer.json missing)")
         try:
-            model = GPT2LMHeadModel.from_pretrained(str(p), local_files_only=True, dtype=torch.float32)
+            model = GPT2LMHeadModel.from_pretrained(str(p), local_files_only=True, dtype=dtype)
             tok = ChatTokenizer.load(p)
         except Exception as exc:  # transformers raises many types; name the path
             raise ArLoadError(f"could not load the AR model from {p}: {exc}") from exc
@@ -85,7 +85,7 @@ class ArLM:
         pos = (attn.cumsum(-1) - 1).clamp_min(0)
         cache = DynamicCache(config=self.model.config)
         logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True,
-                            logits_to_keep=1).logits[:, -1]
+                            logits_to_keep=1).logits[:, -1].float()
         out: list[list[int]] = [[] for _ in range(n)]
         ended = torch.zeros(n, dtype=torch.bool)
         steps = [1] * n
@@ -106,7 +106,7 @@ class ArLM:
             nxt = torch.where(ended, torch.full_like(nxt, sp.pad), nxt)
             attn = torch.cat([attn, (~ended).long()[:, None]], dim=1)
             logits = self.model(input_ids=nxt[:, None], attention_mask=attn, position_ids=next_pos[:, None],
-                                cache=cache, use_cache=True).logits[:, -1]
+                                cache=cache, use_cache=True).logits[:, -1].float()
             next_pos = next_pos + 1
         total = time.perf_counter() - t0
         return [ArResult(out[i], bool(ended[i]), steps[i], total) for i in range(n)]

@@ -73,7 +73,25 @@ def detect_kind(path: Path) -> str:
     return "masked_lm"
 
 
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AMX or AVX512-BF16). Elsewhere
+    bfloat16 is emulated and slower than float32."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " amx_bf16" in flags or " avx512_bf16" in flags
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``auto``, ``float32`` or ``bfloat16`` as a torch dtype (``auto``: bfloat16 where native)."""
+    if name == "auto":
+        return torch.bfloat16 if native_bf16() else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
 def load_lm(cfg: LlmConfig) -> LoadedLM:
+    """The model ``cfg`` names, in ``cfg.dtype``; logits always come back as float32."""
     _offline()
     path = Path(cfg.model_path).expanduser() if cfg.model_path else EMBEDDED
     if not path.is_dir():
@@ -82,9 +100,10 @@ def load_lm(cfg: LlmConfig) -> LoadedLM:
         raise ModelLoadError(f"no model at {path} (config.json missing)")
     kind = detect_kind(path) if cfg.kind == "auto" else cfg.kind
     try:
+        dtype = torch_dtype(cfg.dtype)
         if kind == "masked_lm":
-            return _load_masked_lm(path)
-        return _load_remote(path, kind)
+            return _load_masked_lm(path, dtype)
+        return _load_remote(path, kind, dtype)
     except ModelLoadError:
         raise
     except Exception as exc:  # transformers raises many types; name the path
@@ -96,14 +115,14 @@ def _hidden_then_head(model: torch.nn.Module) -> LogitsFn:
 
     def fn(ids: torch.Tensor, attn: torch.Tensor, start: int) -> torch.Tensor:
         h = model.model(input_ids=ids, attention_mask=attn).last_hidden_state[:, start:]
-        return model.decoder(model.head(h))
+        return model.decoder(model.head(h)).float()
 
     return fn
 
 
 def _full_logits(model: torch.nn.Module, shift: bool = False) -> LogitsFn:
     def fn(ids: torch.Tensor, attn: torch.Tensor, start: int) -> torch.Tensor:
-        logits = model(input_ids=ids, attention_mask=attn).logits
+        logits = model(input_ids=ids, attention_mask=attn).logits.float()
         if shift:  # position i predicts token i+1 (Dream)
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         return logits[:, start:]
@@ -111,10 +130,10 @@ def _full_logits(model: torch.nn.Module, shift: bool = False) -> LogitsFn:
     return fn
 
 
-def _load_masked_lm(path: Path) -> LoadedLM:
+def _load_masked_lm(path: Path, dtype: torch.dtype) -> LoadedLM:
     from transformers import AutoModelForMaskedLM
 
-    model = AutoModelForMaskedLM.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
+    model = AutoModelForMaskedLM.from_pretrained(str(path), local_files_only=True, dtype=dtype)
     model.eval()
     has_head = hasattr(model, "head") and hasattr(model, "decoder")
     logits_fn = _hidden_then_head(model) if has_head else _full_logits(model)
@@ -182,10 +201,10 @@ def _hf_tokenizer_lm(
     return LoadedLM(kind, model, logits_fn, special, prompt_ids, decode, path)
 
 
-def _load_remote(path: Path, kind: str) -> LoadedLM:
+def _load_remote(path: Path, kind: str, dtype: torch.dtype) -> LoadedLM:
     from transformers import AutoModel
 
-    model = AutoModel.from_pretrained(str(path), local_files_only=True, trust_remote_code=True, dtype=torch.float32)
+    model = AutoModel.from_pretrained(str(path), local_files_only=True, trust_remote_code=True, dtype=dtype)
     model.eval()
     mask = getattr(model.config, "mask_token_id", None)
     shift = kind == "dream"  # Dream predicts token i from position i-1

@@ -18,8 +18,9 @@ import argparse
 import json
 import random
 import re
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -34,9 +35,12 @@ def strip_trailing_punct(text: str) -> str:
     return _TRAIL.sub("", text.strip())
 
 
-def hidden_at_reply_start(lm: LoadedLM, texts: list[str], prompt_len: int, block_len: int) -> torch.Tensor:
-    """(N, hidden) states at the last prompt position, with the reply block masked as in decoding."""
-    body = getattr(lm.model, "model", None)
+def hidden_at_reply_start(
+    lm: LoadedLM, texts: list[str], prompt_len: int, block_len: int, body: torch.nn.Module | None = None
+) -> torch.Tensor:
+    """(N, hidden) states at the last prompt position, with the reply block masked as in
+    decoding. ``body``: the encoder to run (default: ``lm.model.model``)."""
+    body = body if body is not None else getattr(lm.model, "model", None)
     if body is None:
         raise ValueError(f"{lm.path}: the probe needs a ModernBERT-style model with a .model encoder")
     prompts = [lm.prompt_ids(strip_trailing_punct(t), [], prompt_len) for t in texts]
@@ -61,6 +65,9 @@ class TurnEndProbe:
     prompt_len: int
     block_len: int
     heldout_auc: float | None = None
+    # (encoder, its float32 copy) for a model that runs in another dtype
+    _copy: tuple[torch.nn.Module, torch.nn.Module] | None = field(default=None, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @classmethod
     def load(cls, model_dir: Path) -> TurnEndProbe | None:
@@ -77,8 +84,26 @@ class TurnEndProbe:
         (Path(model_dir) / PROBE_FILE).write_text(json.dumps(d))
 
     def probs(self, lm: LoadedLM, texts: list[str]) -> list[float]:
-        x = (hidden_at_reply_start(lm, texts, self.prompt_len, self.block_len) - self.mean) / self.std
+        h = hidden_at_reply_start(lm, texts, self.prompt_len, self.block_len, self._float32_body(lm))
+        x = (h - self.mean) / self.std
         return torch.sigmoid(x @ self.weight + self.bias).tolist()
+
+    def _float32_body(self, lm: LoadedLM) -> torch.nn.Module | None:
+        """The probe was fitted on float32 features, and bfloat16 moves them enough to matter
+        ("He was not an ill-disposed young man." reads 0.63 in float32, 0.47 in bfloat16). For
+        a model running in another dtype the probe loads the encoder again from the same
+        directory in float32 (a cast of the bfloat16 weights would keep their rounding): 27 MB
+        for the embedded model, one forward per hypothesis, off the event loop."""
+        body = getattr(lm.model, "model", None)
+        if body is None or next(body.parameters()).dtype == torch.float32:
+            return None
+        with self._lock:
+            if self._copy is None or self._copy[0] is not body:
+                from transformers import AutoModelForMaskedLM
+
+                full = AutoModelForMaskedLM.from_pretrained(str(lm.path), local_files_only=True, dtype=torch.float32)
+                self._copy = (body, full.model.eval())
+            return self._copy[1]
 
 
 def auc(scores: list[float], labels: list[int]) -> float:

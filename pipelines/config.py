@@ -73,6 +73,9 @@ class LlmConfig(_Section):
     sub_block: int = Field(16, ge=1, le=256)
     eot_penalty: float = Field(0.5, ge=0.0, le=1.0)
     threads: int = Field(1, ge=1, le=16)
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="weights and activations; auto: bfloat16 where the CPU multiplies it natively (AMX or "
+        "AVX512-BF16), else float32")
     history_turns: int = Field(0, ge=0, le=8)
     prompt_len: int = Field(32, ge=8, le=1024)
 

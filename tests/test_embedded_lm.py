@@ -98,3 +98,15 @@ def test_turn_end_probe_tells_whole_turns_from_cut_ones(responder, corpus: tuple
     # punctuation is not what it reads: a full stop after a fragment does not make it whole
     assert responder.turn_end_prob("I was wondering if you could.") == pytest.approx(
         responder.turn_end_prob("I was wondering if you could"), abs=1e-6)
+
+
+def test_turn_end_probe_reads_the_same_in_any_dtype() -> None:
+    from llm.responder import Responder
+    from pipelines.config import LlmConfig
+
+    # the probe was fitted on float32 features; a bfloat16 model gets float32 features for it
+    texts = ["He was not an ill-disposed young man.", "10 of clubs", "I would like to book a"]
+    r32, r16 = Responder.load(LlmConfig(dtype="float32")), Responder.load(LlmConfig(dtype="bfloat16"))
+    assert r16.lm.model.dtype == torch.bfloat16
+    assert r16.turn_end is not None and r32.turn_end is not None
+    assert r16.turn_end.probs(r16.lm, texts) == pytest.approx(r32.turn_end.probs(r32.lm, texts), abs=1e-5)

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import ModernBertConfig, ModernBertForMaskedLM, PreTrainedTokenizerFast
 
 from llm.decoder import DecodeOptions, generate_block
-from llm.loader import EMBEDDED, ModelLoadError, load_lm
+from llm.loader import EMBEDDED, ModelLoadError, load_lm, native_bf16, torch_dtype
 from llm.responder import Responder
 from pipelines.config import LlmConfig
 
@@ -223,7 +223,7 @@ def test_dream_logits_are_shifted_and_llada_are_not(tmp_path: Path) -> None:
         d = tmp_path / kind
         d.mkdir()
         build_remote_dir(d, kind)
-        lm = load_lm(LlmConfig(model_path=str(d)))
+        lm = load_lm(LlmConfig(model_path=str(d), dtype="float32"))
         ids = torch.tensor([[2, 10, 11, 12, 5, 5, 5]])
         attn = torch.ones_like(ids)
         with torch.no_grad():
@@ -231,6 +231,23 @@ def test_dream_logits_are_shifted_and_llada_are_not(tmp_path: Path) -> None:
             got = lm.logits_fn(ids, attn, 4)
         want = full[:, 3:6] if kind == "dream" else full[:, 4:]
         assert torch.allclose(got, want, atol=1e-5), kind
+
+
+@pytest.mark.skipif(not (EMBEDDED / "model.safetensors").exists(), reason="embedded weights not trained yet")
+def test_dtype_is_configurable_and_logits_stay_float32() -> None:
+    assert torch_dtype("auto") == (torch.bfloat16 if native_bf16() else torch.float32)
+    ids = torch.tensor([[2, 10, 11, 12, 5, 5, 5]])
+    attn = torch.ones_like(ids)
+    out = {}
+    for name in ("float32", "bfloat16"):
+        lm = load_lm(LlmConfig(dtype=name))
+        assert lm.model.dtype == torch_dtype(name)
+        with torch.no_grad():
+            out[name] = lm.logits_fn(ids, attn, 4)
+        assert out[name].dtype == torch.float32  # the decoder's probabilities are float32 either way
+    # bfloat16 keeps about 3 significant digits: the same distributions, not the same bits
+    p32, p16 = out["float32"].softmax(-1), out["bfloat16"].softmax(-1)
+    assert (p32 - p16).abs().max() < 0.05
 
 
 def test_mask_id_from_the_tokenizer_when_config_has_none(tmp_path: Path) -> None:
