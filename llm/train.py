@@ -134,6 +134,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-steps", type=int, help="stop after this many optimizer steps (to match another run)")
     ap.add_argument("--init", type=Path, help="continue from the weights in this directory")
     ap.add_argument("--checkpoint-minutes", type=float, default=10.0)
+    ap.add_argument("--bf16", action="store_true",
+                    help="bfloat16 autocast for the forward pass (weights and optimizer stay float32); about twice "
+                         "the steps per minute on a CPU with AMX")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -185,12 +188,13 @@ def main(argv: list[str] | None = None) -> None:
         for g in opt.param_groups:
             frac = max(elapsed / budget, step / args.max_steps if args.max_steps else 0.0)
             g["lr"] = lr_at(frac, step, args.lr, warmup=200)
-        if args.arch == "mdlm":
-            batch = mdlm_batch(tok, items, gen, args.pad_weight)
-            loss = mdlm_loss(model, batch, float(sum(len(it.reply) for it in items)))
-        else:
-            ids, attn, labels = ar_batch(tok, items)
-            loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            if args.arch == "mdlm":
+                batch = mdlm_batch(tok, items, gen, args.pad_weight)
+                loss = mdlm_loss(model, batch, float(sum(len(it.reply) for it in items)))
+            else:
+                ids, attn, labels = ar_batch(tok, items)
+                loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -203,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
             "arch": args.arch, "params": n_params, "steps": step, "epochs_started": epoch,
             "minutes": round((time.monotonic() - start) / 60, 2), "batch": args.batch, "lr": args.lr,
             "pad_weight": args.pad_weight, "seed": args.seed, "order_seed": args.order_seed, "threads": args.threads,
+            "bf16_autocast": args.bf16,
             "train_pairs": len(data), "extra_persona": args.extra_persona, "init": str(args.init or ""),
             "heldout": HELDOUT, "prompt_len": PROMPT_LEN, "block_len": BLOCK_LEN,
             "loss_curve": [round(sum(c) / len(c), 4) for c in (losses[i : i + 100] for i in range(0, step, 100))],
