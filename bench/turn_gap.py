@@ -16,7 +16,11 @@ The gap is measured the same way for both: from the last frame webrtcvad calls v
 by frame, no hysteresis) before each agent onset to the first agent sample out. Our session's
 own figure, whose VAD segmenter ignores isolated voiced blips, is `session_gap_p50_ms`. A
 cut-off is agent audio starting while the caller's utterance (pauses included) is still in
-progress; a missed reply is an utterance with no agent audio before the next one. Prints
+progress; a missed reply is an utterance with no agent audio before the next one. LiveKit
+may also commit a turn at a mid-sentence pause and hold the reply until the caller stops; such
+a reply starts right after the caller's last word but answers only the words before the pause.
+It is counted as a fragment reply, and LiveKit's p50/p95 are also given over its whole-turn
+replies only (`ratio_p50_whole_turns`); every reply of ours answers the whole turn. Prints
 p50/p95, cut-offs (and the false cut-off rate: cut-offs per turn), misses, speculation hit
 rate and wasted compute, per-stage medians, violations, and the ratio of our p50 to
 LiveKit's.
@@ -112,7 +116,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                             "stages": {}, "wasted_ms": 0.0, "recovered": 0, "turns": [],
                             "content_gaps": [], "fallbacks": 0,
                             "session_gaps": []}
-    lk: dict[str, Any] = {"gaps": [], "cutoffs": 0, "missed": 0}
+    lk: dict[str, Any] = {"gaps": [], "cutoffs": 0, "missed": 0, "whole_gaps": [], "fragments": 0, "turns": []}
     for i, call in enumerate(calls):
         report, _ = await replay_pcm(agent, call["pcm"], RATE, fast=False)
         onsets = [t["agent_audio_start_s"] for t in report["turns"] if t["agent_audio_start_s"] is not None]
@@ -151,7 +155,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             lk["cutoffs"] += c2
             lk["missed"] += m2
             lk["gaps"] += res["gaps_ms"]
-            print(f"call {i}: livekit gaps {res['gaps_ms']} cutoffs {c2} missed {m2}", flush=True)
+            lk["whole_gaps"] += [t["gap_ms"] for t in res["turns"] if t["whole_turn"]]
+            lk["fragments"] += sum(1 for t in res["turns"] if not t["whole_turn"])
+            lk["turns"] += [{"call": i} | t for t in res["turns"]]
+            print(f"call {i}: livekit gaps {res['gaps_ms']} (whole turns: "
+                  f"{[t['gap_ms'] for t in res['turns'] if t['whole_turn']]}) cutoffs {c2} missed {m2}", flush=True)
     turns = sum(len(c["utterances"]) for c in calls)
     paused = sum(1 for c in calls for u in c["utterances"] if u["mid_pause_s"])
     out = {
@@ -175,11 +183,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                            if t["final_text_ms"] is not None], 50),
                  "turns": ours["turns"]},
         "livekit": {"p50_ms": pct(lk["gaps"], 50), "p95_ms": pct(lk["gaps"], 95), "cutoffs": lk["cutoffs"],
-                    "missed": lk["missed"], "false_cutoff_rate": round(lk["cutoffs"] / turns, 3)}
+                    "missed": lk["missed"], "false_cutoff_rate": round(lk["cutoffs"] / turns, 3),
+                    # replies to a turn LiveKit committed at a mid-sentence pause (audio held until
+                    # the caller stopped): they answer the words before the pause
+                    "fragment_replies": lk["fragments"],
+                    "whole_turn_p50_ms": pct(lk["whole_gaps"], 50), "whole_turn_p95_ms": pct(lk["whole_gaps"], 95),
+                    "turns": lk["turns"]}
         if not args.skip_livekit else None,
     }
     if out["livekit"] and out["livekit"]["p50_ms"] and out["ours"]["p50_ms"]:
         out["ratio_p50"] = round(out["ours"]["p50_ms"] / out["livekit"]["p50_ms"], 3)
+        # every reply of ours answers a whole turn (it is generated from, or checked against, the
+        # final transcript of all the caller's audio), so ours against LiveKit's whole-turn replies
+        if out["livekit"]["whole_turn_p50_ms"]:
+            out["ratio_p50_whole_turns"] = round(out["ours"]["p50_ms"] / out["livekit"]["whole_turn_p50_ms"], 3)
     return out
 
 
@@ -192,6 +209,8 @@ def main() -> None:
     args = ap.parse_args()
     out = asyncio.run(run(args))
     brief = {**out, "ours": {k: v for k, v in out["ours"].items() if k != "turns"}}
+    if out["livekit"]:
+        brief["livekit"] = {k: v for k, v in out["livekit"].items() if k != "turns"}
     print(json.dumps(brief, indent=2))  # the per-turn detail goes to --json only
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

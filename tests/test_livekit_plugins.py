@@ -211,6 +211,8 @@ async def test_agent_session_answers_recorded_speech_without_a_room(agent: Any) 
         assert recall(turn["user_text"], clip.text) >= 0.6, turn
         assert 0 < turn["gap_ms"] < 8000
         assert turn["agent_text"]
+        # LiveKit committed the user turn (its message entered the chat) before answering it
+        assert turn["committed_s"] is not None and turn["committed_s"] <= turn["agent_start_s"]
     assert turns[0]["agent_start_s"] < 1.0 + len(a) / 16000 + 5.0  # answered before the caller went on
     # the agent's audio is speech, and it starts where the turns say
     audio = result["agent_audio"]

@@ -9,7 +9,11 @@ end of the caller's speech to the first agent audio out: the same gap our own pi
 reports, so the two can be compared side by side (bench/turn_gap.py).
 
 End of caller speech is the end of the last 20 ms frame webrtcvad calls voiced before the
-reply started, with the same VAD settings as our pipeline.
+reply started, with the same VAD settings as our pipeline. Each reply also records when
+LiveKit committed its user turn and whether that turn held a final transcript that arrived
+after the caller's last voiced frame (``whole_turn``): LiveKit may commit at a mid-sentence
+pause and hold the reply until the caller stops, and such a reply starts soon after the
+caller's last word but answers only the words before the pause.
 """
 
 from __future__ import annotations
@@ -164,12 +168,19 @@ class LivekitTurn:
     gap_ms: float
     user_text: str = ""
     agent_text: str = ""
+    committed_s: float | None = None  # when LiveKit committed the user turn this reply answers
+    # the reply answers the whole turn: a final transcript that arrived after the caller's last
+    # voiced frame was in the turn when it was committed. LiveKit can decide the turn is over
+    # at a mid-sentence pause and hold the reply while the caller goes on; that reply answers
+    # the words before the pause ("He was not an") and its short gap is no answer to the turn.
+    whole_turn: bool = True
 
 
 @dataclass
 class _Transcript:
     user: list[tuple[float, str]] = field(default_factory=list)  # (monotonic, final transcript)
     agent: list[tuple[float, str]] = field(default_factory=list)
+    commits: list[float] = field(default_factory=list)  # (monotonic) a user turn entered the chat
 
 
 def voiced_frame_ends(pcm16k: np.ndarray, aggressiveness: int = 2) -> np.ndarray:
@@ -250,8 +261,11 @@ async def run_livekit_session(
     @session.on("conversation_item_added")
     def _on_item(ev: Any) -> None:
         item = ev.item
-        if getattr(item, "role", None) == "assistant" and (item.text_content or "").strip():
+        role = getattr(item, "role", None)
+        if role == "assistant" and (item.text_content or "").strip():
             said.agent.append((time.monotonic(), item.text_content.strip()))
+        elif role == "user":  # LiveKit adds the user's message when it commits the turn
+            said.commits.append(time.monotonic())
 
     @session.on("error")
     def _on_error(ev: Any) -> None:
@@ -272,15 +286,20 @@ async def run_livekit_session(
     onsets = [o - t0 for o in speaker.onsets]
     pairs = gaps(onsets, voiced_frame_ends(pcm16k, cfg.vad.aggressiveness))
     turns = []
-    prev_start = -1.0
+    prev_commit = -1.0
     for k, (user_end, start) in enumerate(pairs):
-        # the finals of this turn arrived after the previous reply started, before this one
-        user_text = " ".join(t for at, t in said.user if prev_start < at - t0 <= start)
+        commits = [c - t0 for c in said.commits if c - t0 <= start]
+        commit = commits[-1] if commits else start
+        # the finals of this turn arrived after the previous commit, by this one
+        finals = [(at - t0, t) for at, t in said.user if prev_commit < at - t0 <= commit]
+        user_text = " ".join(t for _, t in finals)
         agent_text = said.agent[k][1] if k < len(said.agent) else ""  # one chat item per reply
+        whole = bool(finals) and finals[-1][0] >= user_end
         turns.append(
-            LivekitTurn(round(user_end, 3), round(start, 3), round((start - user_end) * 1000, 1), user_text, agent_text)
+            LivekitTurn(round(user_end, 3), round(start, 3), round((start - user_end) * 1000, 1), user_text, agent_text,
+                        round(commit, 3) if commits else None, whole)
         )
-        prev_start = start
+        prev_commit = max(prev_commit, commit)
     total = sum(len(p) for _, p in speaker.chunks) / RATE
     out: dict[str, Any] = {
         "turns": [t.__dict__ for t in turns],
