@@ -323,7 +323,7 @@ class CallSession:
         self._speculate()
 
     def _maybe_partial(self) -> None:
-        if self.utt is None or any(not s.asr.done() for s in self._specs):
+        if self.utt is None:
             return
         n = int(self.asr.duration * ASR_RATE)
         # Partials come every partial_interval_ms of audio, but no more often than twice their
@@ -339,9 +339,12 @@ class CallSession:
             and self._unvoiced_ms >= tail_ms
             and not covers(self._partial_end, self.utt.user_speech_end_s)
         )
-        if self._partial_task is not None and not self._partial_task.done():
-            # One partial at a time, except that the tail partial does not wait for one that
-            # started before the last voiced frame: with a second ASR worker it runs alongside.
+        busy = (self._partial_task is not None and not self._partial_task.done()) or any(
+            not s.asr.done() for s in self._specs)
+        if busy:
+            # One transcription at a time (a partial, or a speculation's at a short pause),
+            # except that the tail partial does not wait for one that started before the last
+            # voiced frame: with a second ASR worker it runs alongside.
             if not tail or self.cfg.asr.workers < 2:
                 return
         elif not (due or tail):
@@ -512,6 +515,13 @@ class CallSession:
                 return s.asr.result()
         return self.asr.peek_cached()
 
+    def _covering_asr_in_flight(self) -> bool:
+        """A transcription of all the turn's audio so far is running (a partial, or the
+        speculation started at the pause)."""
+        n = int(self.asr.duration * ASR_RATE)
+        return self._covering_partial() is not None or any(
+            s.samples == n and not s.asr.done() for s in self._specs)
+
     def _partial_covers_turn(self) -> bool:
         """The last partial was computed on audio reaching past the last voiced frame, so it
         already is the final transcript (what follows is silence)."""
@@ -534,6 +544,11 @@ class CallSession:
             required = self.endpointer.required_silence_ms(text, lm_prob=lm_prob)
             reason = "complete" if required <= self.cfg.turn.min_silence_ms else "incomplete-wait"
         elif self._last_partial is not None:
+            if self._covering_asr_in_flight() and silence_ms < self.cfg.turn.max_silence_ms:
+                # the transcript of all the speech is on its way, and the reply needs it anyway:
+                # decide on it rather than on an older partial (a slow ASR made 300 ms waits
+                # on stale words here, then the final transcript came after the commit)
+                return
             # Only an older partial: it is evidence, but it may miss the last words, so it can
             # shorten the wait to the middle ground and no further.
             required = self.endpointer.required_silence_ms(self._last_partial[1], stale=True)
