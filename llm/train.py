@@ -135,8 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--init", type=Path, help="continue from the weights in this directory")
     ap.add_argument("--checkpoint-minutes", type=float, default=10.0)
     ap.add_argument("--bf16", action="store_true",
-                    help="bfloat16 autocast for the forward pass (weights and optimizer stay float32); about twice "
-                         "the steps per minute on a CPU with AMX")
+                    help="bfloat16 autocast for the forward pass (weights and optimizer stay float32); on this "
+                         "project's AMX CPU 0.84 s per MDLM step instead of 1.19 (one 30-step measurement)")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
