@@ -38,6 +38,8 @@ class Responder:
         self.lm = lm
         self.cfg = cfg
         self.turn_end: TurnEndProbe | None = TurnEndProbe.load(lm.path) if lm.path.is_dir() else None
+        if self.turn_end is not None:
+            self.turn_end.prepare(lm)  # now, not on a call's first hypothesis
 
     @classmethod
     def load(cls, cfg: LlmConfig | None = None) -> Responder:

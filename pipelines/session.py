@@ -509,18 +509,20 @@ class CallSession:
         """The latest hypothesis that covers all the audio of the current turn."""
         if self._partial_covers_turn():
             return self._last_partial[1] if self._last_partial else None
-        n = int(self.asr.duration * ASR_RATE)
-        for s in reversed(self._specs):
-            if s.samples == n and s.asr.done() and not s.asr.cancelled():
+        for s in reversed(self._specs_on_all_audio()):
+            if s.asr.done() and not s.asr.cancelled():
                 return s.asr.result()
         return self.asr.peek_cached()
+
+    def _specs_on_all_audio(self) -> list[Speculation]:
+        """The speculations whose transcription covers all the audio buffered for the turn."""
+        n = int(self.asr.duration * ASR_RATE)
+        return [s for s in self._specs if s.samples == n]
 
     def _covering_asr_in_flight(self) -> bool:
         """A transcription of all the turn's audio so far is running (a partial, or the
         speculation started at the pause)."""
-        n = int(self.asr.duration * ASR_RATE)
-        return self._covering_partial() is not None or any(
-            s.samples == n and not s.asr.done() for s in self._specs)
+        return self._covering_partial() is not None or any(not s.asr.done() for s in self._specs_on_all_audio())
 
     def _partial_covers_turn(self) -> bool:
         """The last partial was computed on audio reaching past the last voiced frame, so it
