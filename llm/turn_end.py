@@ -3,8 +3,11 @@
 The MDLM is trained to answer, not to predict the caller's next word, so this is a probe: a
 logistic regression on the model's hidden state at the ``<agent>`` position (where the reply
 starts), trained on the training split's prompts: whole prompts are complete, cuts at a random
-word are not. Trailing punctuation is stripped on both sides, so the probe judges the words
-(Whisper puts a full stop after fragments too; the endpointer reads punctuation itself).
+word are not. The prompt is read alone, without the masked reply block decoding puts after it:
+that is a third cheaper (10.6 vs 16.4 ms for a 7-word turn on this CPU, float32) and reads
+better (held-out AUC 0.797 vs 0.767 on random cuts, 0.643 vs 0.579 on length-matched pairs).
+Trailing punctuation is stripped on both sides, so the probe judges the words (Whisper puts a
+full stop after fragments too; the endpointer reads punctuation itself).
 
     python -m llm.turn_end --model llm/weights/mdlm      # ~1 min on the CPU; writes turn_end.json
 
@@ -38,8 +41,9 @@ def strip_trailing_punct(text: str) -> str:
 def hidden_at_reply_start(
     lm: LoadedLM, texts: list[str], prompt_len: int, block_len: int, body: torch.nn.Module | None = None
 ) -> torch.Tensor:
-    """(N, hidden) states at the last prompt position, with the reply block masked as in
-    decoding. ``body``: the encoder to run (default: ``lm.model.model``)."""
+    """(N, hidden) states at the last prompt position, followed by ``block_len`` masked reply
+    positions as in decoding (0: the prompt alone). ``body``: the encoder to run (default:
+    ``lm.model.model``)."""
     body = body if body is not None else getattr(lm.model, "model", None)
     if body is None:
         raise ValueError(f"{lm.path}: the probe needs a ModernBERT-style model with a .model encoder")
@@ -120,7 +124,7 @@ def examples(prompts: list[str], rng: random.Random) -> tuple[list[str], list[in
 
 
 def train_probe(lm: LoadedLM, train_prompts: list[str], held_prompts: list[str], prompt_len: int = 32,
-                block_len: int = 32, seed: int = 1234, epochs: int = 300) -> TurnEndProbe:
+                block_len: int = 0, seed: int = 1234, epochs: int = 300) -> TurnEndProbe:
     rng = random.Random(seed)
     x_texts, y = examples(train_prompts, rng)
     feats = torch.cat([hidden_at_reply_start(lm, x_texts[i : i + 256], prompt_len, block_len)

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from llm.responder import Reply, Responder
 from pipelines.budgets import stage_violations
 from pipelines.config import AgentConfig, BudgetConfig, ConfigError, format_validation_error
-from pipelines.endpointing import LOOKS_DONE, Endpointer, completeness
+from pipelines.endpointing import LOOKS_DONE, Endpointer, completeness, surface_kind
 from pipelines.events import (
     Dtmf,
     EndpointDecision,
@@ -501,9 +501,13 @@ class CallSession:
 
     def _maybe_cut(self, utt: TurnRecord) -> None:
         """In a pause, a long turn is cut where the newest hypothesis ends, if that hypothesis
-        covers every voiced frame (the cut then falls in silence)."""
+        covers every voiced frame (the cut then falls in silence). Not after a function word:
+        Whisper hears the rest of a phrase cut there without its start ("in | his power to do
+        for them" came back "It's power to do for them. It is power", "to be | ill disposed" as
+        "the oldest,"), and the turn's last words are the ones the endpointer reads."""
         if utt is self.utt and self._in_pause and not self._committed and self.cfg.asr.segment_after_s > 0:
-            self.asr.fix_prefix(self.cfg.asr.segment_after_s, covers_until=utt.user_speech_end_s)
+            self.asr.fix_prefix(self.cfg.asr.segment_after_s, covers_until=utt.user_speech_end_s,
+                                where=lambda text: surface_kind(text) != "function_word")
 
     def _hypothesis_now(self) -> str | None:
         """The latest hypothesis that covers all the audio of the current turn."""

@@ -155,17 +155,25 @@ async def test_tail_partial_is_the_final_transcript(tail_ms: int) -> None:
         assert first_t >= 2.0 + cfg.vad.stop_ms / 1000 - 1e-6  # only the pause hypothesis
 
 
-async def test_long_turn_is_cut_at_a_pause_and_only_the_rest_is_transcribed() -> None:
-    segs = [Seg(0.5, 4.0, "I would like to"), Seg(4.3, 5.0, "book a table.")]
+@pytest.mark.parametrize(("first", "cut"), [
+    ("I would like a table for two,", True),
+    # "... in | his power" heard alone came back as "It's power to do for them. It is power":
+    # the rest of a phrase is transcribed with its start
+    ("how much might be prudently in", False),
+])
+async def test_long_turn_is_cut_at_a_pause_and_only_the_rest_is_transcribed(first: str, cut: bool) -> None:
+    segs = [Seg(0.5, 4.0, first), Seg(4.5, 5.2, "at seven.")]
     session, out, events, responder, _ = make_session(segs)
     asr = session.engines.asr
-    await play_script(session, segs, 7.0)
+    await play_script(session, segs, 7.5)
     report = await session.close()
     (turn,) = report["turns"]
-    assert turn["transcript"] == "I would like to book a table."
-    # after the pause the first 3.5 s were never sent to the ASR again
-    assert asr.heard[-1] == {2}
-    assert all(1 in h for h in asr.heard if 2 not in h)
+    assert turn["transcript"] == f"{first} at seven."
+    if cut:  # after the pause the first 3.5 s were never sent to the ASR again
+        assert asr.heard[-1] == {2}
+        assert all(1 in h for h in asr.heard if 2 not in h)
+    else:  # not after a function word
+        assert asr.heard[-1] == {1, 2}
 
 
 async def test_speculation_on_stale_audio_is_wasted_and_never_enters_history() -> None:

@@ -140,7 +140,9 @@ async def test_long_utterance_is_cut_at_a_pause_and_only_the_rest_is_transcribed
     s.insert_audio(np.zeros(16000 * 4, np.int16))
     assert not s.fix_prefix(min_new_s=6.0)  # no hypothesis of exactly this audio yet
     u = await s.process_iter()
-    assert u.partial == "words7." and s.fix_prefix(min_new_s=6.0)
+    assert u.partial == "words7."
+    assert not s.fix_prefix(min_new_s=6.0, where=lambda text: not text.endswith("."))  # not a place to cut
+    assert s.fix_prefix(min_new_s=6.0, where=lambda text: text.endswith("."))
     s.insert_audio(np.zeros(16000 * 2, np.int16))
     u = await s.process_iter()
     assert fake.lengths == [16000 * 3, 16000 * 7, 16000 * 2]  # the last call saw only the new audio

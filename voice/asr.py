@@ -235,12 +235,15 @@ class StreamingASR:
         self._prev_words, self._stable, self._cache = [], [], None
         self._fixed_samples, self._fixed_text = 0, ""
 
-    def fix_prefix(self, min_new_s: float, covers_until: float | None = None) -> bool:
+    def fix_prefix(
+        self, min_new_s: float, covers_until: float | None = None, where: Callable[[str], bool] | None = None
+    ) -> bool:
         """Cut the utterance where the newest hypothesis ends, if that hypothesis reaches at
         least call time ``covers_until`` (default: all the audio buffered now). The caller
         passes the end of the last voiced frame during a pause, so the cut falls in silence.
-        Only if at least ``min_new_s`` seconds lie since the last cut. Later hypotheses
-        transcribe only what follows and append it to that text."""
+        Only if at least ``min_new_s`` seconds lie since the last cut, and ``where`` (if given)
+        accepts the hypothesis's text. Later hypotheses transcribe only what follows and
+        append it to that text."""
         if self._cache is None:
             return False
         n, res = self._cache
@@ -248,6 +251,8 @@ class StreamingASR:
         if end < (self.audio_end if covers_until is None else covers_until) - 1e-6:
             return False
         if (n - self._fixed_samples) / SAMPLE_RATE < min_new_s or not res.text.strip():
+            return False
+        if where is not None and not where(res.text):
             return False
         self._fixed_samples, self._fixed_text = n, res.text.strip()
         return True
