@@ -22,8 +22,8 @@ a reply starts right after the caller's last word but answers only the words bef
 It is counted as a fragment reply, and LiveKit's p50/p95 are also given over its whole-turn
 replies only (`ratio_p50_whole_turns`); every reply of ours answers the whole turn. Prints
 p50/p95, cut-offs (and the false cut-off rate: cut-offs per turn), misses, speculation hit
-rate and wasted compute, per-stage medians, violations, and the ratio of our p50 to
-LiveKit's.
+rate and wasted compute, per-stage medians, violations, the WER of our final transcripts, and
+the ratio of our p50 to LiveKit's.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from tests import speech  # noqa: E402
+from tests.wer import wer, words  # noqa: E402
 from voice.audio import read_wav  # noqa: E402
 
 RATE = 16000
@@ -115,7 +116,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     ours: dict[str, Any] = {"gaps": [], "cutoffs": 0, "missed": 0, "hits": 0, "spec": 0, "violations": 0,
                             "stages": {}, "wasted_ms": 0.0, "recovered": 0, "turns": [],
                             "content_gaps": [], "fallbacks": 0,
-                            "session_gaps": []}
+                            "session_gaps": [], "wer_errors": 0.0, "wer_words": 0}
     lk: dict[str, Any] = {"gaps": [], "cutoffs": 0, "missed": 0, "whole_gaps": [], "fragments": 0, "turns": []}
     for i, call in enumerate(calls):
         report, _ = await replay_pcm(agent, call["pcm"], RATE, fast=False)
@@ -134,6 +135,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         ours["violations"] += report["summary"]["violations"]
         ours["wasted_ms"] += report["summary"].get("speculation_wasted_ms", 0.0)
         ours["recovered"] += report["summary"].get("cutoffs_recovered", 0)
+        # the final transcripts of the call against what was said, as one text (robust to a
+        # turn split or merged)
+        ref = " ".join(u["text"] for u in call["utterances"])
+        ours["wer_errors"] += wer(ref, " ".join(t["transcript"] for t in report["turns"])) * len(words(ref))
+        ours["wer_words"] += len(words(ref))
         for t in report["turns"]:
             ours["turns"].append({
                 "call": i, "transcript": t["transcript"], "gap_ms": t["gap_ms"],
@@ -181,6 +187,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                  "prepared_ready_p50_ms": pct([t["ready_ms"] for t in ours["turns"] if t["ready_ms"] is not None], 50),
                  "final_text_p50_ms": pct([t["final_text_ms"] for t in ours["turns"]
                                            if t["final_text_ms"] is not None], 50),
+                 "final_transcript_wer": round(ours["wer_errors"] / max(1, ours["wer_words"]), 3),
                  "turns": ours["turns"]},
         "livekit": {"p50_ms": pct(lk["gaps"], 50), "p95_ms": pct(lk["gaps"], 95), "cutoffs": lk["cutoffs"],
                     "missed": lk["missed"], "false_cutoff_rate": round(lk["cutoffs"] / turns, 3),

@@ -101,6 +101,7 @@ class CallSession:
         self._fallback_pcm: dict[str, np.ndarray] = {}
         self._out_rs: StreamResampler | None = None
         self._audio_t = 0.0  # end of caller audio received, call time
+        self._frame_t = 0.0  # start of the frame being processed, call time
 
         self.turns: list[TurnRecord] = []
         self.history: list[tuple[str, str]] = []
@@ -212,6 +213,7 @@ class CallSession:
         else:
             pcm = frame.pcm
         self._audio_t = frame.end
+        self._frame_t = frame.timestamp  # the preroll ends here: this frame is buffered after the VAD
         if isinstance(self.clock, AudioClock):
             self.clock.t = max(self.clock.t, frame.end)
         if len(pcm) == 0:
@@ -285,7 +287,10 @@ class CallSession:
         preroll = list(self._preroll)
         self._preroll.clear()
         pre_s = sum(len(p) for p in preroll) / ASR_RATE
-        self.asr.reset(t - pre_s)
+        # The buffer's clock: the preroll is the audio just before the frame being processed,
+        # not before ``t`` (the first voiced frame, ``vad.start_ms`` earlier). Off by that much,
+        # every hypothesis would seem to miss the caller's last 40 ms of speech.
+        self.asr.reset(self._frame_t - pre_s)
         for p in preroll:
             self.asr.insert_audio(p)
 
@@ -444,6 +449,7 @@ class CallSession:
             and covers(last[0], self.utt.user_speech_end_s)
             and any(x.text is not None and same_words(x.text, last[1]) and not x.cancelled for x in self._specs)
         ):
+            self._maybe_cut(self.utt)
             return  # a finished partial covers the speech and is already being answered
         live = [s for s in self._specs if not s.done]
         if not self.cfg.turn.speculation:
@@ -504,7 +510,8 @@ class CallSession:
         covers every voiced frame (the cut then falls in silence). Not after a function word:
         Whisper hears the rest of a phrase cut there without its start ("in | his power to do
         for them" came back "It's power to do for them. It is power", "to be | ill disposed" as
-        "the oldest,"), and the turn's last words are the ones the endpointer reads."""
+        "the oldest,"), and the turn's last words are the ones the endpointer reads. The cut
+        then falls at the last earlier pause that was not after one, if any."""
         if utt is self.utt and self._in_pause and not self._committed and self.cfg.asr.segment_after_s > 0:
             self.asr.fix_prefix(self.cfg.asr.segment_after_s, covers_until=utt.user_speech_end_s,
                                 where=lambda text: surface_kind(text) != "function_word")

@@ -155,25 +155,26 @@ async def test_tail_partial_is_the_final_transcript(tail_ms: int) -> None:
         assert first_t >= 2.0 + cfg.vad.stop_ms / 1000 - 1e-6  # only the pause hypothesis
 
 
-@pytest.mark.parametrize(("first", "cut"), [
-    ("I would like a table for two,", True),
+@pytest.mark.parametrize(("firsts", "heard_last"), [
+    ([(0.5, 4.0, "I would like a table for two,")], {2}),
     # "... in | his power" heard alone came back as "It's power to do for them. It is power":
-    # the rest of a phrase is transcribed with its start
-    ("how much might be prudently in", False),
+    # the rest of a phrase is transcribed with its start, from the last pause that was no such place
+    ([(0.5, 4.0, "how much might be prudently in")], {1, 2}),
+    ([(0.5, 2.0, "I was thinking"), (2.3, 4.0, "how much might be prudently in")], {2, 3}),
 ])
-async def test_long_turn_is_cut_at_a_pause_and_only_the_rest_is_transcribed(first: str, cut: bool) -> None:
-    segs = [Seg(0.5, 4.0, first), Seg(4.5, 5.2, "at seven.")]
+async def test_long_turn_is_cut_at_a_pause_and_only_the_rest_is_transcribed(
+    firsts: list[tuple[float, float, str]], heard_last: set[int]
+) -> None:
+    segs = [Seg(*f) for f in firsts] + [Seg(4.5, 5.2, "at seven.")]
     session, out, events, responder, _ = make_session(segs)
     asr = session.engines.asr
     await play_script(session, segs, 7.5)
     report = await session.close()
     (turn,) = report["turns"]
-    assert turn["transcript"] == f"{first} at seven."
-    if cut:  # after the pause the first 3.5 s were never sent to the ASR again
-        assert asr.heard[-1] == {2}
-        assert all(1 in h for h in asr.heard if 2 not in h)
-    else:  # not after a function word
-        assert asr.heard[-1] == {1, 2}
+    assert turn["transcript"] == " ".join(s.text for s in segs)
+    assert asr.heard[-1] == heard_last  # after the cut, the audio before it was never sent again
+    cut = min(heard_last) - 1  # segments before the cut
+    assert all(set(range(1, cut + 1)) <= h for h in asr.heard if not h & set(range(cut + 1, len(segs) + 1)))
 
 
 async def test_speculation_on_stale_audio_is_wasted_and_never_enters_history() -> None:

@@ -140,9 +140,7 @@ async def test_long_utterance_is_cut_at_a_pause_and_only_the_rest_is_transcribed
     s.insert_audio(np.zeros(16000 * 4, np.int16))
     assert not s.fix_prefix(min_new_s=6.0)  # no hypothesis of exactly this audio yet
     u = await s.process_iter()
-    assert u.partial == "words7."
-    assert not s.fix_prefix(min_new_s=6.0, where=lambda text: not text.endswith("."))  # not a place to cut
-    assert s.fix_prefix(min_new_s=6.0, where=lambda text: text.endswith("."))
+    assert u.partial == "words7." and s.fix_prefix(min_new_s=6.0)
     s.insert_audio(np.zeros(16000 * 2, np.int16))
     u = await s.process_iter()
     assert fake.lengths == [16000 * 3, 16000 * 7, 16000 * 2]  # the last call saw only the new audio
@@ -151,6 +149,21 @@ async def test_long_utterance_is_cut_at_a_pause_and_only_the_rest_is_transcribed
     s.reset(10.0)  # a new utterance starts uncut
     s.insert_audio(np.zeros(16000, np.int16))
     assert (await s.process_iter()).partial == "words1."
+
+
+async def test_cut_refused_at_a_pause_falls_at_the_last_pause_that_allowed_it() -> None:
+    fake = FakeLengthTranscriber()
+    s = StreamingASR(fake)
+    s.reset(0.0)
+    s.insert_audio(np.zeros(16000 * 3, np.int16))
+    await s.process_iter()
+    assert not s.fix_prefix(min_new_s=6.0, where=lambda text: text == "words3.")  # short: remembered
+    s.insert_audio(np.zeros(16000 * 4, np.int16))
+    await s.process_iter()
+    assert s.fix_prefix(min_new_s=6.0, where=lambda text: text == "words3.")  # refused here: cut at 3 s
+    s.insert_audio(np.zeros(16000, np.int16))
+    u = await s.process_iter()
+    assert fake.lengths[-1] == 16000 * 5 and u.partial == "words3. words5."
 
 
 async def test_streaming_policy_local_agreement_and_cached_final() -> None:

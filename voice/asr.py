@@ -229,11 +229,14 @@ class StreamingASR:
     # and only the audio after it is transcribed again (shorter windows, fewer tokens)
     _fixed_samples: int = 0
     _fixed_text: str = ""
+    # the newest pause where a cut was allowed but the turn was still short: a later pause
+    # where no cut is allowed cuts here instead
+    _cut_at: tuple[int, str] | None = None
 
     def reset(self, start_t: float = 0.0) -> None:
         self._audio, self._samples, self._start_t = [], 0, start_t
         self._prev_words, self._stable, self._cache = [], [], None
-        self._fixed_samples, self._fixed_text = 0, ""
+        self._fixed_samples, self._fixed_text, self._cut_at = 0, "", None
 
     def fix_prefix(
         self, min_new_s: float, covers_until: float | None = None, where: Callable[[str], bool] | None = None
@@ -241,20 +244,27 @@ class StreamingASR:
         """Cut the utterance where the newest hypothesis ends, if that hypothesis reaches at
         least call time ``covers_until`` (default: all the audio buffered now). The caller
         passes the end of the last voiced frame during a pause, so the cut falls in silence.
-        Only if at least ``min_new_s`` seconds lie since the last cut, and ``where`` (if given)
-        accepts the hypothesis's text. Later hypotheses transcribe only what follows and
-        append it to that text."""
+        Only if at least ``min_new_s`` seconds lie since the last cut. If ``where`` (given)
+        rejects the hypothesis's text, the cut falls at the last earlier pause it accepted,
+        if there was one since the last cut. Later hypotheses transcribe only what follows
+        and append it to that text."""
         if self._cache is None:
             return False
         n, res = self._cache
         end = self._start_t + n / SAMPLE_RATE
-        if end < (self.audio_end if covers_until is None else covers_until) - 1e-6:
+        text = res.text.strip()
+        if end < (self.audio_end if covers_until is None else covers_until) - 1e-6 or not text:
             return False
-        if (n - self._fixed_samples) / SAMPLE_RATE < min_new_s or not res.text.strip():
+        allowed = where is None or where(text)
+        if (n - self._fixed_samples) / SAMPLE_RATE < min_new_s:
+            if allowed and n > self._fixed_samples:
+                self._cut_at = (n, text)
             return False
-        if where is not None and not where(res.text):
-            return False
-        self._fixed_samples, self._fixed_text = n, res.text.strip()
+        if not allowed:
+            if self._cut_at is None:
+                return False
+            n, text = self._cut_at
+        self._fixed_samples, self._fixed_text, self._cut_at = n, text, None
         return True
 
     @property
@@ -287,7 +297,8 @@ class StreamingASR:
         res = await asyncio.to_thread(self.transcribe, audio)
         if self._fixed_text:
             res = replace(res, text=f"{self._fixed_text} {res.text}".strip())
-        self._cache = (n, res)
+        if self._cache is None or n >= self._cache[0]:
+            self._cache = (n, res)  # not when an older hypothesis finishes after a newer one
         return res, end
 
     async def process_iter(self) -> AsrUpdate:
