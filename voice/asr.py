@@ -253,8 +253,8 @@ class StreamingASR:
         n, res = self._cache
         end = self._start_t + n / SAMPLE_RATE
         text = res.text.strip()
-        if end < (self.audio_end if covers_until is None else covers_until) - 1e-6 or not text:
-            return False
+        if end < (self.audio_end if covers_until is None else covers_until) - 1e-6 or not normalize_words(text):
+            return False  # not all the audio, or no words (a breath: Whisper's lone ".")
         allowed = where is None or where(text)
         if (n - self._fixed_samples) / SAMPLE_RATE < min_new_s:
             if allowed and n > self._fixed_samples:
