@@ -41,7 +41,11 @@ class AsrConfig(_Section):
     threads: int = Field(1, ge=1, le=16)
     workers: int = Field(2, ge=1, le=8, description="transcriptions that may run at once")
     language: str = "en"
-    window_s: float = Field(8.0, ge=2.0, le=30.0, description="largest short encoder window (Whisper pads to it)")
+    window_s: float = Field(
+        8.0, ge=2.0, le=30.0,
+        description="up to this window the audio may leave less than window_margin_s of silence (Whisper pads "
+                    "to the window); longer audio gets audio + window_margin_s, then 30 s",
+    )
     min_window_s: float = Field(
         3.0, ge=1.0, le=30.0,
         description="adaptive window: shorter audio gets the smallest whole second ≥ audio + window_margin_s, "

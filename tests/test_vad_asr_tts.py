@@ -70,8 +70,10 @@ def test_adaptive_window_fits_the_audio(engines) -> None:
     assert asr.window_for(0.5) == cfg.min_window_s == 3.0
     assert asr.window_for(2.5) == 4.0  # the smallest whole second with ≥ 1 s of silence after
     assert asr.window_for(6.5) == 8.0  # capped at window_s
-    assert asr.window_for(11.0) == 16.0  # longer than the cap: the next window up
-    assert asr.window_for(20.0) == 30.0
+    assert asr.window_for(7.9) == 9.0  # longer than the cap: still fitted
+    assert asr.window_for(20.0) == 21.0
+    assert asr.window_for(28.5) == 30.0
+    assert asr.window_for(11.0, window_s=8.0) == 16.0  # an explicit window too short: the next one up
     assert asr.window_for(2.5, window_s=8.0) == 8.0  # an explicit window is used as asked
     assert asr.window_for(2.5, window_s=30.0) == 30.0
 

@@ -120,7 +120,8 @@ class WhisperEngine:
 
         The encoder's cost grows with the window, so short audio gets a short window: the
         smallest whole second that leaves ``window_margin_s`` of silence after the audio, not
-        below ``min_window_s``. Audio longer than ``window_s`` gets twice that, then 30 s."""
+        below ``min_window_s``. Longer audio keeps a fitted window (audio + margin) up to 29 s, then
+        30 s. An explicit ``window_s`` too short for the audio gets twice that, then 30 s."""
         cap = self.cfg.window_s if window_s is None else window_s
         if cap >= 30.0:
             return 30.0
@@ -131,8 +132,12 @@ class WhisperEngine:
             want = cap  # an explicit window is taken as asked
         if audio_s <= want - 0.2:
             return want
+        if window_s is None and audio_s + self.cfg.window_margin_s <= 29.0:
+            # a long utterance: still fitted to the audio, short of 30 s (7.9 s of audio takes
+            # a 9 s window, not 16)
+            return float(np.ceil(audio_s + self.cfg.window_margin_s))
         if audio_s <= min(2 * cap, 30.0) - 0.2 < 29.8:
-            return min(2 * cap, 30.0)  # a long utterance: the next window up, still short of 30 s
+            return min(2 * cap, 30.0)  # an explicit window that is too short: the next one up
         return 30.0
 
     def transcribe(self, audio: np.ndarray, window_s: float | None = None) -> TranscriptResult:
