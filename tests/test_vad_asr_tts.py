@@ -132,12 +132,17 @@ class FakeLengthTranscriber:
         return TranscriptResult(f"words{len(audio) // 16000}.", 0.0, 8.0)
 
 
-async def test_long_utterance_is_cut_at_a_pause_and_only_the_rest_is_transcribed() -> None:
-    fake = FakeLengthTranscriber()
+async def _three_seconds_transcribed(fake: FakeLengthTranscriber) -> StreamingASR:
     s = StreamingASR(fake)
     s.reset(0.0)
     s.insert_audio(np.zeros(16000 * 3, np.int16))
     await s.process_iter()
+    return s
+
+
+async def test_long_utterance_is_cut_at_a_pause_and_only_the_rest_is_transcribed() -> None:
+    fake = FakeLengthTranscriber()
+    s = await _three_seconds_transcribed(fake)
     assert not s.fix_prefix(min_new_s=6.0)  # too short to cut
     s.insert_audio(np.zeros(16000 * 4, np.int16))
     assert not s.fix_prefix(min_new_s=6.0)  # no hypothesis of exactly this audio yet
@@ -155,10 +160,7 @@ async def test_long_utterance_is_cut_at_a_pause_and_only_the_rest_is_transcribed
 
 async def test_cut_refused_at_a_pause_falls_at_the_last_pause_that_allowed_it() -> None:
     fake = FakeLengthTranscriber()
-    s = StreamingASR(fake)
-    s.reset(0.0)
-    s.insert_audio(np.zeros(16000 * 3, np.int16))
-    await s.process_iter()
+    s = await _three_seconds_transcribed(fake)
     assert not s.fix_prefix(min_new_s=6.0, where=lambda text: text == "words3.")  # short: remembered
     s.insert_audio(np.zeros(16000 * 4, np.int16))
     await s.process_iter()
