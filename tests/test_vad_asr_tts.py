@@ -170,6 +170,29 @@ async def test_cut_refused_at_a_pause_falls_at_the_last_pause_that_allowed_it() 
     assert fake.lengths[-1] == 16000 * 5 and u.partial == "words3. words5."
 
 
+async def test_a_cut_made_while_an_older_hypothesis_runs_does_not_prefix_it() -> None:
+    import threading
+
+    release = threading.Event()
+    fake = FakeLengthTranscriber()
+
+    def gated(audio: np.ndarray):
+        if len(audio) == 16000 * 4:  # the older hypothesis waits until the newer one has cut
+            release.wait(5)
+        return fake(audio)
+
+    s = StreamingASR(gated)
+    s.reset(0.0)
+    s.insert_audio(np.zeros(16000 * 4, np.int16))
+    older = asyncio.ensure_future(s.process_iter())
+    await asyncio.sleep(0.05)
+    s.insert_audio(np.zeros(16000 * 3, np.int16))
+    assert (await s.process_iter()).partial == "words7."
+    assert s.fix_prefix(min_new_s=6.0)
+    release.set()
+    assert (await older).partial == "words4."  # its audio starts at 0, not at the cut
+
+
 async def test_streaming_policy_local_agreement_and_cached_final() -> None:
     fake = FakeTranscriber(["he was", "he was not an", "he was not an ill disposed man"])
     s = StreamingASR(fake)

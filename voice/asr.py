@@ -298,10 +298,12 @@ class StreamingASR:
         end = self.audio_end
         if self._cache is not None and self._cache[0] == n:
             return self._cache[1], end
-        audio = self._buffer()[self._fixed_samples : n]
-        res = await asyncio.to_thread(self.transcribe, audio)
-        if self._fixed_text:
-            res = replace(res, text=f"{self._fixed_text} {res.text}".strip())
+        # the cut as it is now: one made while Whisper runs (at a newer hypothesis that finished
+        # first) is not this hypothesis's, whose audio starts at the old cut
+        fixed_n, fixed_text = self._fixed_samples, self._fixed_text
+        res = await asyncio.to_thread(self.transcribe, self._buffer()[fixed_n:n])
+        if fixed_text:
+            res = replace(res, text=f"{fixed_text} {res.text}".strip())
         if self._cache is None or n >= self._cache[0]:
             self._cache = (n, res)  # not when an older hypothesis finishes after a newer one
         return res, end
