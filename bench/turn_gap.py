@@ -13,7 +13,9 @@ endpointer. Each call is replayed at real-time pace through:
   custom audio input/output and no room.
 
 The gap is measured the same way for both: from the last frame webrtcvad calls voiced (frame
-by frame, no hysteresis) before each agent onset to the first agent sample out. Our session's
+by frame, no hysteresis) before each agent onset to the first agent sample out, both through
+the same playout buffer (``output.buffer_ms``, 20 ms; LiveKit's speaker had none before
+session 6, which flattered its gaps by that much). Our session's
 own figure, whose VAD segmenter ignores isolated voiced blips, is `session_gap_p50_ms`. A
 cut-off is agent audio starting while the caller's utterance (pauses included) is still in
 progress; a missed reply is an utterance with no agent audio before the next one. LiveKit

@@ -80,10 +80,14 @@ class PacedAudioOutput(io.AudioOutput):
     timeline at 16 kHz, so tests can listen to what the caller would have heard. Like
     LiveKit's own sinks, a segment's end (played out, or cut by `clear_buffer`) is reported
     by a task started at `flush`.
+
+    ``buffer_s`` is the playout buffer before the caller hears a frame, as our own output has
+    (`output.buffer_ms`), so both pipelines' gaps are measured to the same point.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, buffer_s: float = 0.0) -> None:
         super().__init__(label="paced", capabilities=io.AudioOutputCapabilities(pause=False), sample_rate=None)
+        self.buffer_s = buffer_s
         self.onsets: list[float] = []
         self.chunks: list[tuple[float, np.ndarray]] = []  # (start, 16 kHz pcm)
         self._play_end = 0.0
@@ -103,12 +107,12 @@ class PacedAudioOutput(io.AudioOutput):
             if self._finish is not None and not self._finish.done():
                 await self._finish  # the previous segment reports its end first
             now = time.monotonic()
-            start = max(now, self._play_end)
+            start = max(now + self.buffer_s, self._play_end)
             self._seg_start, self._seg_duration = start, 0.0
             self._cleared.clear()
             self.onsets.append(start)
             self.on_playback_started(created_at=time.time() + (start - now))
-        at = max(time.monotonic(), self._play_end)
+        at = max(time.monotonic() + self.buffer_s, self._play_end)
         pcm = resample(rtc_frame_to_mono(frame), frame.sample_rate, RATE)
         self.chunks.append((at, pcm))
         self._play_end = at + frame.duration
@@ -135,10 +139,11 @@ class PacedAudioOutput(io.AudioOutput):
         playing = self._finish is not None and not self._finish.done()
         if self._seg_start is None and not playing:
             return
-        self._cleared_at = now
+        cut = now + self.buffer_s  # what is already in the playout buffer still plays
+        self._cleared_at = cut
         self._cleared.set()
-        self._truncate(now)
-        self._play_end = min(self._play_end, now)
+        self._truncate(cut)
+        self._play_end = min(self._play_end, cut)
 
     def _truncate(self, now: float) -> None:
         kept = []
@@ -247,7 +252,7 @@ async def run_livekit_session(
         kwargs["turn_handling"] = turn_handling
     session: AgentSession = AgentSession(**kwargs)
     mic = ReplayAudioInput(pcm16k)
-    speaker = PacedAudioOutput()
+    speaker = PacedAudioOutput(buffer_s=cfg.output.buffer_ms / 1000)
     session.input.audio = mic
     session.output.audio = speaker
     said = _Transcript()
