@@ -15,7 +15,7 @@ import torch
 
 from llm.loader import EMBEDDED
 from llm.quality import Lexicon, quality_report
-from llm.turn_end import auc, examples
+from llm.turn_end import auc, examples, length_matched
 
 torch.set_num_threads(1)
 
@@ -95,6 +95,10 @@ def test_turn_end_probe_tells_whole_turns_from_cut_ones(responder, corpus: tuple
     probs = responder.turn_end.probs(responder.lm, texts)
     assert auc(probs, labels) >= 0.68
     assert all(0.0 <= p <= 1.0 for p in probs)
+    # and with the word count no help (a whole prompt against a longer one cut to its length),
+    # still better than chance: it reads the words too (0.644 on 299 pairs)
+    texts, labels = length_matched([p.prompt for p in held[:150]], random.Random(7))
+    assert auc(responder.turn_end.probs(responder.lm, texts), labels) >= 0.58
     # punctuation is not what it reads: a full stop after a fragment does not make it whole
     assert responder.turn_end_prob("I was wondering if you could.") == pytest.approx(
         responder.turn_end_prob("I was wondering if you could"), abs=1e-6)
