@@ -269,6 +269,7 @@ class CallSession:
             self.turns = [x for x in self.turns if x is not self.utt]
             self._committed = False
             self.cutoffs_recovered += 1
+            self._restore_held_audio()
             self.endpointer.caller_resumed_after((t - self.utt.user_speech_end_s) * 1000, self.utt.transcript)
             self._in_pause = False
             return
@@ -293,6 +294,21 @@ class CallSession:
         self.asr.reset(self._frame_t - pre_s)
         for p in preroll:
             self.asr.insert_audio(p)
+
+    def _restore_held_audio(self) -> None:
+        """A committed turn taken back: the audio heard since the commit went to the preroll,
+        not the ASR. It goes back in order before the current frame (whatever the preroll no
+        longer holds as silence, which it was), so Whisper hears the first syllables of the
+        resumed speech and the buffer's clock stays the call's: 80 ms off, no hypothesis
+        seemed to cover the caller's last words, and the turn's final transcript ran three
+        times over."""
+        held = list(self._preroll)
+        self._preroll.clear()
+        queued = self.asr.audio_end + sum(len(p) for p in self._pause_buf) / ASR_RATE
+        missing = self._frame_t - sum(len(p) for p in held) / ASR_RATE - queued
+        if missing > 0:
+            self._pause_buf.append(np.zeros(int(round(missing * ASR_RATE)), dtype=np.int16))
+        self._pause_buf.extend(held)
 
     def _reply_audible(self, t: float) -> bool:
         """Had the caller heard the current turn's reply by call time ``t``?"""

@@ -217,8 +217,16 @@ async def test_cutoff_taken_back_when_caller_goes_on_before_reply_is_heard() -> 
     cfg = AgentConfig()
     cfg.turn.speculation = False
     session, out, events, responder, _ = make_session(segs, cfg, llm_s=0.3)
-    await play_script(session, segs, 5.0)
+    await session.start()
+    for i in range(int(5.0 * RATE / FRAME)):
+        t = i * FRAME / RATE
+        level = next((1000 * (k + 1) for k, s in enumerate(segs) if s.start <= t < s.end), 0)
+        await session.push_audio(AudioFrame(np.full(FRAME, level, dtype=np.int16), RATE, t))
+        await session.idle()
+        if 1.8 <= t < 2.3:  # the turn goes on: the ASR buffer holds every sample up to now
+            assert session.asr.audio_end == pytest.approx(t + FRAME / RATE, abs=1e-6)
     report = await session.close()
+    assert session.cutoffs_recovered == 1
     assert len(report["turns"]) == 1 and report["turns"][0]["transcript"] == "Hello. is this the help desk?"
 
 
