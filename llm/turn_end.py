@@ -7,7 +7,9 @@ word are not. The prompt is read alone, without the masked reply block decoding 
 that is a third cheaper (10.6 vs 16.4 ms for a 7-word turn on this CPU, float32) and reads
 better (held-out AUC 0.797 vs 0.767 on random cuts, 0.643 vs 0.579 on length-matched pairs).
 Trailing punctuation is stripped on both sides, so the probe judges the words (Whisper puts a
-full stop after fragments too; the endpointer reads punctuation itself).
+full stop after fragments too; the endpointer reads punctuation itself). Whole and cut texts
+are weighted to weigh the same at every length, so their count alone does not decide: short
+answers ("yes", "10 of clubs") read as whole, short fragments ("I need") do not.
 
     python -m llm.turn_end --model llm/weights/mdlm      # ~1 min on the CPU; writes turn_end.json
 
@@ -139,8 +141,8 @@ def length_balanced_weights(texts: list[str], labels: list[int]) -> list[float]:
     A random cut is always shorter than its prompt, and the chat corpus's prompts are long
     (joined messages), so unweighted, "short" alone reads as "cut": "yes" gets 0.11, "10 of
     clubs" 0.43. With these weights the words, not their count, decide ("yes" 0.80, "10 of
-    clubs" 0.65), but whole long sentences read less sure (docs/llm.md has the measurements;
-    not the default). Lengths where one class is missing get weight 0."""
+    clubs" 0.65; docs/llm.md has the measurements). Lengths where one class is missing get
+    weight 0."""
     count: dict[tuple[int, int], int] = {}
     for t, y in zip(texts, labels, strict=True):
         k = (_bucket(len(t.split())), y)
@@ -169,7 +171,7 @@ def length_matched(prompts: list[str], rng: random.Random) -> tuple[list[str], l
 
 def train_probe(lm: LoadedLM, train_prompts: list[str], held_prompts: list[str], prompt_len: int = 32,
                 block_len: int = 0, seed: int = 1234, epochs: int = 300,
-                balance_length: bool = False) -> TurnEndProbe:
+                balance_length: bool = True) -> TurnEndProbe:
     rng = random.Random(seed)
     x_texts, y = examples(train_prompts, rng)
     feats = torch.cat([hidden_at_reply_start(lm, x_texts[i : i + 256], prompt_len, block_len)
@@ -207,9 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, default=Path(__file__).parent / "weights" / "mdlm")
     ap.add_argument("--n", type=int, default=6000, help="training prompts")
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--balance-length", action="store_true",
-                    help="weigh whole and cut texts the same at every length, so the words and not their count "
-                         "decide (docs/llm.md: reads short answers as whole, but measured worse in the turn-gap bench)")
+    ap.add_argument("--unbalanced", action="store_true",
+                    help="do not weigh whole and cut texts the same at every length: the probe then reads the word "
+                         "count too, and short answers as unfinished (docs/llm.md)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     t0 = time.monotonic()
@@ -219,9 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     prompts = [p.prompt for p in rng.sample(train, min(args.n, len(train)))]
     probe = train_probe(lm, prompts, [p.prompt for p in held], PROMPT_LEN, seed=args.seed,
-                        balance_length=args.balance_length)
+                        balance_length=not args.unbalanced)
     probe.save(args.model, {"train_prompts": len(prompts), "heldout_prompts": len(held), "seed": args.seed,
-                            "length_balanced": args.balance_length})
+                            "length_balanced": not args.unbalanced})
     print(f"turn-end probe: held-out AUC {probe.heldout_auc} ({len(held)} prompts, whole vs cut at a random word), "
           f"{probe.heldout_auc_length_matched} (length-matched), {time.monotonic() - t0:.0f} s; "
           f"wrote {args.model / PROBE_FILE}")

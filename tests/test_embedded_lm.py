@@ -93,12 +93,15 @@ def test_turn_end_probe_tells_whole_turns_from_cut_ones(responder, corpus: tuple
     _, held = split_pairs(all_pairs(1234), 300, 1234)
     texts, labels = examples([p.prompt for p in held[:150]], random.Random(7))
     probs = responder.turn_end.probs(responder.lm, texts)
-    assert auc(probs, labels) >= 0.68
+    assert auc(probs, labels) >= 0.65
     assert all(0.0 <= p <= 1.0 for p in probs)
-    # and with the word count no help (a whole prompt against a longer one cut to its length),
-    # still better than chance: it reads the words too (0.644 on 299 pairs)
+    # and with the word count no help: a whole prompt against a longer one cut to its length
     texts, labels = length_matched([p.prompt for p in held[:150]], random.Random(7))
-    assert auc(responder.turn_end.probs(responder.lm, texts), labels) >= 0.58
+    assert auc(responder.turn_end.probs(responder.lm, texts), labels) >= 0.65
+    # short answers read as whole, fragments of the same length as not
+    whole = responder.turn_end.probs(responder.lm, ["yes", "10 of clubs", "John Smith"])
+    cut = responder.turn_end.probs(responder.lm, ["I need", "I would like", "my name is"])
+    assert min(whole) > max(cut), (whole, cut)
     # punctuation is not what it reads: a full stop after a fragment does not make it whole
     assert responder.turn_end_prob("I was wondering if you could.") == pytest.approx(
         responder.turn_end_prob("I was wondering if you could"), abs=1e-6)
