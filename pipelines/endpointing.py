@@ -52,6 +52,7 @@ LM_WEIGHT = 1.0
 # the power 1.5, so likely-finished turns commit fast and fragments wait long.
 P_SURE = 0.85
 LOOKS_DONE = 0.5  # a hypothesis this likely finished counts as a possible turn end
+SURE_ENOUGH = 0.9  # as likely finished as this, LM included: the caller's pauses do not stretch the wait
 STALE_MAX = 0.5  # an older partial may miss the last words: it cannot make the turn look finished
 
 
@@ -105,8 +106,10 @@ class Endpointer:
         lo, hi = self.cfg.min_silence_ms, self.cfg.incomplete_silence_ms
         doubt = min(1.0, max(0.0, (P_SURE - c) / P_SURE))
         wait = lo + (hi - lo) * doubt**1.5
-        lm_sure = lm_prob is not None and lm_prob >= 0.7
-        if self.cfg.adapt_to_caller and self.resumed_pauses and c >= LOOKS_DONE and not lm_sure:
+        # the words and the LM together near certain ("...to do for them." with the LM for
+        # it): the caller's earlier pauses do not stretch this one
+        sure = lm_prob is not None and c >= SURE_ENOUGH
+        if self.cfg.adapt_to_caller and self.resumed_pauses and c >= LOOKS_DONE and not sure:
             # a caller who keeps pausing briefly and going on gets a little more room
             recent = sorted(self.resumed_pauses[-8:])
             p75 = recent[int(0.75 * (len(recent) - 1))]

@@ -305,6 +305,9 @@ def test_endpointer_waits_longer_after_function_words_and_adapts() -> None:
     for _ in range(6):
         ep.caller_resumed_after(300, "I went home.")  # looked finished, and they went on
     assert ep.required_silence_ms("Thanks.") > cfg.min_silence_ms
+    # unless the words and the LM together leave no doubt
+    assert ep.required_silence_ms("Thanks.", lm_prob=0.7) == cfg.min_silence_ms
+    assert ep.required_silence_ms("Thanks", lm_prob=0.7) > cfg.min_silence_ms  # bare words at 0.7: some doubt
     assert ep.required_silence_ms("so") <= cfg.max_silence_ms
 
 
