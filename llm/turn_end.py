@@ -24,6 +24,7 @@ import json
 import random
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,16 +144,10 @@ def length_balanced_weights(texts: list[str], labels: list[int]) -> list[float]:
     clubs" 0.43. With these weights the words, not their count, decide ("yes" 0.80, "10 of
     clubs" 0.65; docs/llm.md has the measurements). Lengths where one class is missing get
     weight 0."""
-    count: dict[tuple[int, int], int] = {}
-    for t, y in zip(texts, labels, strict=True):
-        k = (_bucket(len(t.split())), y)
-        count[k] = count.get(k, 0) + 1
-    out = []
-    for t, y in zip(texts, labels, strict=True):
-        b = _bucket(len(t.split()))
-        mine, other = count.get((b, y), 0), count.get((b, 1 - y), 0)
-        out.append((mine + other) / (2 * mine) if other else 0.0)
-    return out
+    keys = [(_bucket(len(t.split())), y) for t, y in zip(texts, labels, strict=True)]
+    count = Counter(keys)
+    return [(count[(b, y)] + count[(b, 1 - y)]) / (2 * count[(b, y)]) if count[(b, 1 - y)] else 0.0
+            for b, y in keys]
 
 
 def length_matched(prompts: list[str], rng: random.Random) -> tuple[list[str], list[int]]:

@@ -8,6 +8,7 @@ clock, as LiveKit Agents' tests do, so every timing below is deterministic.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,13 +112,18 @@ def make_session(segs: list[Seg], cfg: AgentConfig | None = None, llm_s: float =
     return session, out, events, responder, tts
 
 
-async def play_script(session: CallSession, segs: list[Seg], total_s: float) -> None:
+async def play_script(
+    session: CallSession, segs: list[Seg], total_s: float, after_frame: Callable[[float], None] | None = None
+) -> None:
+    """Feed the scripted audio frame by frame; ``after_frame(t)`` runs once each frame is handled."""
     await session.start()
     for i in range(int(total_s * RATE / FRAME)):
         t = i * FRAME / RATE
         level = next((1000 * (k + 1) for k, s in enumerate(segs) if s.start <= t < s.end), 0)
         await session.push_audio(AudioFrame(np.full(FRAME, level, dtype=np.int16), RATE, t))
         await session.idle()
+        if after_frame is not None:
+            after_frame(t)
 
 
 async def test_speculation_hit_plays_prepared_reply_at_once() -> None:
@@ -217,14 +223,12 @@ async def test_cutoff_taken_back_when_caller_goes_on_before_reply_is_heard() -> 
     cfg = AgentConfig()
     cfg.turn.speculation = False
     session, out, events, responder, _ = make_session(segs, cfg, llm_s=0.3)
-    await session.start()
-    for i in range(int(5.0 * RATE / FRAME)):
-        t = i * FRAME / RATE
-        level = next((1000 * (k + 1) for k, s in enumerate(segs) if s.start <= t < s.end), 0)
-        await session.push_audio(AudioFrame(np.full(FRAME, level, dtype=np.int16), RATE, t))
-        await session.idle()
+
+    def asr_keeps_the_call_clock(t: float) -> None:
         if 1.8 <= t < 2.3:  # the turn goes on: the ASR buffer holds every sample up to now
             assert session.asr.audio_end == pytest.approx(t + FRAME / RATE, abs=1e-6)
+
+    await play_script(session, segs, 5.0, asr_keeps_the_call_clock)
     report = await session.close()
     assert session.cutoffs_recovered == 1
     assert len(report["turns"]) == 1 and report["turns"][0]["transcript"] == "Hello. is this the help desk?"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
@@ -171,8 +172,6 @@ async def test_cut_refused_at_a_pause_falls_at_the_last_pause_that_allowed_it() 
 
 
 async def test_a_cut_made_while_an_older_hypothesis_runs_does_not_prefix_it() -> None:
-    import threading
-
     release = threading.Event()
     fake = FakeLengthTranscriber()
 
