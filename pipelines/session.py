@@ -124,7 +124,7 @@ class CallSession:
         self._playing: TurnRecord | None = None
         self._bg: set[asyncio.Task[Any]] = set()
         self.turn_end = TurnEndOpinions(
-            lambda: self.engines.responder, cfg.turn.lm_end_of_turn, self._spawn, self._on_turn_end_prob
+            lambda: self.engines.responder, cfg.turn.lm_end_of_turn, self._spawn, self._on_evidence
         )
         self.wasted_s = 0.0
         self.cutoffs_recovered = 0
@@ -406,6 +406,7 @@ class CallSession:
             and not any(x.text is not None and same_words(x.text, upd.partial) for x in self._specs)
         ):
             self._add_spec(self._spec_for_text(upd.partial, n))
+        self._on_evidence()  # a partial covering the speech, its LM opinion known, may end the turn
 
     def _spec_for_text(self, text: str, samples: int) -> Speculation:
         async def known() -> str:
@@ -504,6 +505,7 @@ class CallSession:
         spec = Speculation(samples=n, started_t=self.clock.now(), asr=asyncio.ensure_future(hypothesis()))
         self._bg.add(spec.asr)
         spec.asr.add_done_callback(self._bg.discard)
+        spec.asr.add_done_callback(lambda _: self._on_evidence())
         if chain:
             self._chain(spec)
         return spec
@@ -591,7 +593,9 @@ class CallSession:
                 self.utt.endpoint["required_ms"] = round(required, 1)
                 self.utt.endpoint["lm_turn_end_prob"] = self.turn_end.peek(text)
 
-    def _on_turn_end_prob(self) -> None:
+    def _on_evidence(self) -> None:
+        """A hypothesis or the LM's opinion of one has just landed: decide now, not at the next
+        audio frame (up to a frame, 20 ms, later; 13 ms on average in the bench)."""
         if not self.closed:
             self._maybe_endpoint()
 

@@ -53,13 +53,17 @@ class FakeWebRtcVad:
 class FakeAsr:
     """Recognises a segment's words from its amplitude (segment k is played at 1000*(k+1))."""
 
-    def __init__(self, segs: list[Seg]) -> None:
+    def __init__(self, segs: list[Seg], clock: AudioClock | None = None, latency_s: float = 0.0) -> None:
         self.segs = segs
+        self.clock = clock
+        self.latency_s = latency_s  # scripted transcription time, on ``clock``
         self.calls = 0
         self.heard: list[set[int]] = []  # the segments (1-based) each call's audio contained
 
     def transcribe(self, audio: np.ndarray, window_s: float | None = None) -> TranscriptResult:
         self.calls += 1
+        if self.clock is not None:
+            self.clock.t += self.latency_s
         levels = set(np.round(np.abs(audio * 32768) / 1000).astype(int).tolist()) - {0}
         self.heard.append(levels)
         words = [s.text for k, s in enumerate(self.segs) if (k + 1) in levels]
@@ -159,6 +163,21 @@ async def test_tail_partial_is_the_final_transcript(tail_ms: int) -> None:
         assert asr.calls == 1
     else:
         assert first_t >= 2.0 + cfg.vad.stop_ms / 1000 - 1e-6  # only the pause hypothesis
+
+
+async def test_turn_commits_when_its_final_transcript_lands_not_at_the_next_frame() -> None:
+    # no tail partial: the pause's own hypothesis is the final transcript; it lands 5 ms after
+    # the frame that reported the pause, when the silence already suffices for a question
+    segs = [Seg(0.5, 2.0, "Can you hear me?")]
+    cfg = AgentConfig.model_validate({"asr": {"partial_interval_ms": 5000, "tail_partial_ms": 0}})
+    session, *_ = make_session(segs, cfg)
+    session.engines.asr.clock, session.engines.asr.latency_s = session.clock, 0.005
+    await play_script(session, segs, 3.0)
+    report = await session.close()
+    (turn,) = report["turns"]
+    pause_frame_end = 2.0 + cfg.vad.stop_ms / 1000
+    assert turn["endpoint"]["t"] == pytest.approx(pause_frame_end + 0.005, abs=1e-3)  # not 20 ms later
+    assert turn["gap_ms"] == pytest.approx(cfg.vad.stop_ms + 5 + cfg.output.buffer_ms, abs=1.5)
 
 
 @pytest.mark.parametrize(("firsts", "heard_last"), [
