@@ -117,6 +117,17 @@ async def until(page: Any, expr: str, within: float) -> None:
     await page.wait_for_function(expr, timeout=within * 1000, polling=100)
 
 
+async def connection_info(page: Any, within: float) -> dict[str, Any]:
+    """The call's addresses and codec once the browser's statistics have them all: "in-call"
+    can come a few ms before the nominated candidate pair and the inbound codec show there."""
+    deadline = time.monotonic() + within
+    while True:
+        info = await page.evaluate("voiceAgent.connectionInfo()")
+        if (info and info["remote"] and info["local"] and info["codec"]) or time.monotonic() > deadline:
+            return info
+        await asyncio.sleep(0.1)
+
+
 def local_addresses() -> set[str]:
     import ifaddr
 
@@ -184,7 +195,7 @@ async def test_browser_call_transcribes_answers_and_reports_the_gap(
         return pcm, voiced
 
     call.output._pull = tap  # type: ignore[method-assign]
-    info = await page.evaluate("voiceAgent.connectionInfo()")
+    info = await connection_info(page, 10)
     # The server offers 127.0.0.1 only. Chromium may still send from another address of this
     # machine (its eth0 host candidate), but then to 127.0.0.1: nothing leaves the host.
     assert info["remote"] == "127.0.0.1", info
