@@ -54,6 +54,8 @@ P_SURE = 0.85
 LOOKS_DONE = 0.5  # a hypothesis this likely finished counts as a possible turn end
 SURE_ENOUGH = 0.9  # as likely finished as this, LM included: the caller's pauses do not stretch the wait
 STALE_MAX = 0.5  # an older partial may miss the last words: it cannot make the turn look finished
+# Endings the LM's opinion does not move: a question mark, a trailing function word or comma, no words
+LM_IGNORED = frozenset({"question", "function_word", "comma", "empty"})
 
 
 def completeness(text: str, lm_prob: float | None = None) -> float:
@@ -64,11 +66,18 @@ def completeness(text: str, lm_prob: float | None = None) -> float:
     log-odds. The LM cannot overrule a trailing function word, a comma or a question mark."""
     kind = surface_kind(text)
     prior = PRIOR_DONE[kind]
-    if lm_prob is None or kind in ("question", "function_word", "comma", "empty"):
+    if lm_prob is None or kind in LM_IGNORED:
         return prior
     lm = min(max(lm_prob, 1e-4), 1 - 1e-4)
     logit = math.log(prior / (1 - prior)) + LM_WEIGHT * math.log(lm / (1 - lm))
     return 1.0 / (1.0 + math.exp(-logit))
+
+
+def lm_can_move(text: str) -> bool:
+    """Does the LM's turn-end probability change `completeness` for ``text``? Not after a
+    question mark, a trailing function word or a comma: there the endpoint does not wait for
+    the LM's opinion, and it is not computed."""
+    return surface_kind(text) not in LM_IGNORED
 
 
 def surface_kind(text: str) -> str:
@@ -107,8 +116,9 @@ class Endpointer:
         doubt = min(1.0, max(0.0, (P_SURE - c) / P_SURE))
         wait = lo + (hi - lo) * doubt**1.5
         # the words and the LM together near certain ("...to do for them." with the LM for
-        # it): the caller's earlier pauses do not stretch this one
-        sure = lm_prob is not None and c >= SURE_ENOUGH
+        # it), or a question, which the LM does not judge: the caller's earlier pauses do not
+        # stretch this one
+        sure = c >= SURE_ENOUGH and (lm_prob is not None or not lm_can_move(text or ""))
         if self.cfg.adapt_to_caller and self.resumed_pauses and c >= LOOKS_DONE and not sure:
             # a caller who keeps pausing briefly and going on gets a little more room
             recent = sorted(self.resumed_pauses[-8:])

@@ -1,4 +1,6 @@
 """The LM's turn-end probability for each hypothesis of a call, computed once, off the loop.
+Words whose ending the LM cannot overrule (a question mark, a trailing function word or comma)
+get none: the endpoint need not wait for it.
 
 The endpointer asks on every frame of a pause; the probe (`Responder.turn_end_prob`, a torch
 forward) runs once per distinct hypothesis in a worker thread, and ``on_ready`` is called when
@@ -12,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pipelines.endpointing import lm_can_move
 from voice.asr import normalize_words
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,8 @@ class TurnEndOpinions:
         responder = self._responder()
         if not self._enabled or getattr(responder, "turn_end", None) is None:
             return True, None  # a responder without a probe has no opinion
+        if not lm_can_move(text):
+            return True, None  # a question, a trailing "the" or comma: the words decide alone
         fn: Callable[[str], float | None] = responder.turn_end_prob
         key = _key(text)
         if key in self._probs:

@@ -341,9 +341,28 @@ class FakeResponderWithTurnEnd(FakeResponder):
         super().__init__(clock)
         self.probs = probs
         self.turn_end = object()  # the session only checks that a probe exists
+        self.asked: list[str] = []
 
     def turn_end_prob(self, text: str) -> float:
+        self.asked.append(text)
         return self.probs.get(text, 0.5)
+
+
+async def test_a_question_or_trailing_function_word_does_not_wait_for_the_lm() -> None:
+    segs = [Seg(0.5, 1.5, "Can you hear me?"), Seg(3.0, 3.8, "I want to go to the")]
+    session, *_ = make_session(segs)
+    fake = FakeResponderWithTurnEnd(session.clock, {})
+    session.engines.responder = fake  # type: ignore[assignment]
+    await play_script(session, segs, 6.0)
+    report = await session.close()
+    turns = report["turns"]
+    assert turns[0]["endpoint"]["reason"] == "complete"
+    assert turns[0]["endpoint"]["silence_ms"] <= AgentConfig().turn.min_silence_ms + 20
+    assert fake.asked == []  # the LM cannot overrule those endings: its probe never ran
+    ep = Endpointer(AgentConfig().turn, resumed_pauses=[300.0] * 6)
+    # a caller who often goes on after complete-looking pauses: a question is still not stretched
+    assert ep.required_silence_ms("Can you hear me?") == AgentConfig().turn.min_silence_ms
+    assert ep.required_silence_ms("I went home.") > AgentConfig().turn.min_silence_ms
 
 
 @pytest.mark.parametrize(("prob", "waits"), [(0.1, True), (0.9, False)])
