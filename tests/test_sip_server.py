@@ -125,6 +125,27 @@ async def test_a_call_carries_audio_both_ways_without_seams_and_ends_with_bye(sp
     assert record.media["rx"]["lost"] == 0 and record.media["tx"]["packets"] == len(packets)
 
 
+async def test_a_shutdown_right_after_the_callers_bye_still_records_a_caller_hangup():
+    # Under load the caller's BYE and our shutdown (here: started by the same datagram) can both
+    # have ended the call's wait by the time its task runs; the record must say who hung up.
+    async with serving() as server, Uac((server.host, server.port)) as uac:
+        await establish(uac)
+        (call,) = server.calls.values()
+        on_request = call.on_request
+        closing: list[asyncio.Task] = []
+
+        def then_shut_down(req, txn):
+            on_request(req, txn)
+            if req.method == "BYE":
+                closing.append(asyncio.ensure_future(server.close()))
+
+        call.on_request = then_shut_down
+        uac.request("BYE")
+        await uac.response(200, "BYE")
+        await until(lambda: closing and closing[0].done())
+        assert [r.reason for r in server.finished] == ["caller_hangup"]
+
+
 async def test_200_ok_is_retransmitted_until_the_ack():
     async with serving() as server, Uac((server.host, server.port)) as uac:
         uac.invite()

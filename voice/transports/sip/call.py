@@ -171,7 +171,12 @@ class SipCall:
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        reason = tasks[next(iter(done))]
+        ended = {tasks[t] for t in done}
+        if self._bye.is_set():
+            # the caller's BYE came in the same loop turn as something else (a server shutdown
+            # right after it): the caller hung up
+            ended.add("caller_hangup")
+        reason = next(name for name in waits if name in ended)  # in the order of ``waits``
         self.reason = self._stop_reason if reason == "stop" else reason
         if reason == "agent_hangup":
             # Let the goodbye play out before hanging up (bounded, in case the output is stuck).
