@@ -134,6 +134,6 @@ class Endpointer:
         the short dips between words would stretch every wait."""
         if pause_ms < max(self.cfg.min_silence_ms, 1):
             return
-        if text is not None and completeness(text, lm_prob) < LOOKS_DONE:
-            return
+        if text is not None and (not _WORD.search(text) or completeness(text, lm_prob) < LOOKS_DONE):
+            return  # after no words (a breath Whisper heard as "."), nothing looked finished
         self.resumed_pauses.append(pause_ms)

@@ -326,6 +326,9 @@ def test_endpointer_waits_longer_after_function_words_and_adapts() -> None:
         ep.caller_resumed_after(400, "I went to the")  # expected after a function word
     assert ep.required_silence_ms("Thanks.") == cfg.min_silence_ms
     for _ in range(6):
+        ep.caller_resumed_after(300, ".")  # a breath Whisper heard as a lone full stop: no words
+    assert ep.required_silence_ms("Thanks.") == cfg.min_silence_ms
+    for _ in range(6):
         ep.caller_resumed_after(300, "I went home.")  # looked finished, and they went on
     assert ep.required_silence_ms("Thanks.") > cfg.min_silence_ms
     # unless the words and the LM together leave no doubt
