@@ -65,6 +65,21 @@ def test_asr_wer_on_real_speech(engines, window: float | None) -> None:
     assert float(np.mean(errs)) <= ASR_WER_BOUND, errs
 
 
+@pytest.mark.slow
+def test_a_window_whisper_calls_no_speech_gives_no_words(engines) -> None:
+    # The first 0.3 s of each LibriVox clip (a breath, a syllable) came back as "and", ".",
+    # "Yeah." with no-speech probabilities of 0.89-0.98; faster-whisper's own rule drops those,
+    # while every whole clip, the card answers included, keeps its words.
+    lead = np.zeros(3200, np.float32)  # the session's pre-roll
+    for c in speech.librivox():
+        pcm = read_wav(c.path, 16000)[0].astype(np.float32) / 32768
+        onset = engines.asr.transcribe(np.concatenate([lead, pcm[: int(0.3 * 16000)]]))
+        assert onset.text == "" and onset.no_speech_prob > 0.6, (c.path.name, onset)
+    for c in [*speech.librivox(), *speech.cards()]:
+        pcm = read_wav(c.path, 16000)[0].astype(np.float32) / 32768
+        assert engines.asr.transcribe(np.concatenate([lead, pcm])).text, c.path.name
+
+
 def test_adaptive_window_fits_the_audio(engines) -> None:
     asr = engines.asr
     cfg = asr.cfg  # defaults: min 3 s, margin 1 s, cap 8 s

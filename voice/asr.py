@@ -34,6 +34,12 @@ class AsrLoadError(RuntimeError):
     pass
 
 
+# faster-whisper's own rule for a window without speech (its transcribe() drops such a
+# segment): no-speech probability above this and the mean token log-probability below that
+NO_SPEECH_PROB = 0.6
+NO_SPEECH_LOGPROB = -1.0
+
+
 @dataclass
 class TranscriptResult:
     text: str
@@ -186,6 +192,7 @@ class WhisperEngine:
                 enc,
                 [prompt],
                 beam_size=self.cfg.beam_size,
+                return_scores=True,
                 # nobody says more than ~6 tokens a second: a loop stops there, and costs little
                 max_length=min(448, len(prompt) + int(6 * min(window, len(audio) / SAMPLE_RATE)) + 10),
                 suppress_blank=True,
@@ -195,6 +202,12 @@ class WhisperEngine:
                 repetition_penalty=1.1,
             )[0]
         tokens = [t for t in res.sequences_ids[0] if t < self.tokenizer.eot]
+        n = len(res.sequences_ids[0])
+        avg_logprob = res.scores[0] * n / (n + 1)  # as faster-whisper computes it (length penalty 1)
+        if res.no_speech_prob > NO_SPEECH_PROB and avg_logprob < NO_SPEECH_LOGPROB:
+            # a click, a breath or a cough that Whisper would still put words on ("Perfect.",
+            # "Yeah."): no words, as faster-whisper's own path gives for it
+            return "", float(res.no_speech_prob)
         return self.tokenizer.decode(tokens).strip(), float(res.no_speech_prob)
 
 
