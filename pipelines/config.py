@@ -41,6 +41,11 @@ class AsrConfig(_Section):
     threads: int = Field(1, ge=1, le=16)
     workers: int = Field(2, ge=1, le=8, description="transcriptions that may run at once")
     language: str = "en"
+    draft_decoder: bool = Field(
+        False,
+        description="short windows: a torch copy of Whisper's decoder checks the previous hypothesis in one pass "
+                    "and decodes only what differs (voice/whisper_decoder.py); greedy only (beam_size 1)",
+    )
     window_s: float = Field(
         8.0, ge=2.0, le=30.0,
         description="up to this window the audio may leave less than window_margin_s of silence (Whisper pads "

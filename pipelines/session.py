@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from llm.responder import Reply, Responder
 from pipelines.budgets import stage_violations
 from pipelines.config import AgentConfig, BudgetConfig, ConfigError, format_validation_error
-from pipelines.endpointing import LOOKS_DONE, Endpointer, completeness, surface_kind
+from pipelines.endpointing import LOOKS_DONE, Endpointer, completeness, nearly_function_word, surface_kind
 from pipelines.events import (
     Dtmf,
     EndpointDecision,
@@ -93,7 +93,7 @@ class CallSession:
             vad = VadSegmenter(WebRtcVad(cfg.vad.aggressiveness, ASR_RATE, cfg.vad.frame_ms),
                                cfg.vad.start_ms, cfg.vad.stop_ms)
         self.vad = vad
-        self.asr = StreamingASR(engines.asr.transcribe)
+        self.asr = StreamingASR(engines.asr.transcribe, drafts=engines.asr.drafts)
         self.endpointer = Endpointer(cfg.turn)
         self._resamplers: dict[int, StreamResampler] = {}
         self._preroll: deque[np.ndarray] = deque(maxlen=max(1, 200 // cfg.audio.frame_ms))
@@ -321,7 +321,10 @@ class CallSession:
         if self._in_pause and not self._committed:
             text = self._pause_text()
             lm_prob = self.turn_end.peek(text)
-            self.endpointer.caller_resumed_after((t - 0.02 - self.utt.user_speech_end_s) * 1000, text, lm_prob)
+            near = self.asr.near_next(text) if text is not None else None
+            self.endpointer.caller_resumed_after(
+                (t - 0.02 - self.utt.user_speech_end_s) * 1000, text, lm_prob, near
+            )
             self._in_pause = False
         if not self._committed:
             self.utt.user_speech_end_s = t
@@ -532,7 +535,11 @@ class CallSession:
         then falls at the last earlier pause that was not after one, if any."""
         if utt is self.utt and self._in_pause and not self._committed and self.cfg.asr.segment_after_s > 0:
             self.asr.fix_prefix(self.cfg.asr.segment_after_s, covers_until=utt.user_speech_end_s,
-                                where=lambda text: surface_kind(text) != "function_word")
+                                where=self._cut_allowed_after)
+
+    def _cut_allowed_after(self, text: str) -> bool:
+        """Not after a function word, written or nearly written (`endpointing.NEAR_TRUST`)."""
+        return surface_kind(text) != "function_word" and not nearly_function_word(text, self.asr.near_next(text))
 
     def _hypothesis_now(self) -> str | None:
         """The latest hypothesis that covers all the audio of the current turn."""
@@ -572,7 +579,7 @@ class CallSession:
             known, lm_prob = self.turn_end.get(text)
             if not known and silence_ms < self.cfg.turn.max_silence_ms:
                 return  # the LM's opinion is a few ms away
-            required = self.endpointer.required_silence_ms(text, lm_prob=lm_prob)
+            required = self.endpointer.required_silence_ms(text, lm_prob=lm_prob, near=self.asr.near_next(text))
             reason = "complete" if required <= self.cfg.turn.min_silence_ms else "incomplete-wait"
         elif self._last_partial is not None:
             if self._covering_asr_in_flight() and silence_ms < self.cfg.turn.max_silence_ms:

@@ -53,6 +53,8 @@ class FakeWebRtcVad:
 class FakeAsr:
     """Recognises a segment's words from its amplitude (segment k is played at 1000*(k+1))."""
 
+    drafts = False  # takes no draft of the previous hypothesis (WhisperEngine.drafts)
+
     def __init__(self, segs: list[Seg], clock: AudioClock | None = None, latency_s: float = 0.0) -> None:
         self.segs = segs
         self.clock = clock
@@ -103,10 +105,12 @@ class FakeTts:
         return np.full(int(0.4 * self.sample_rate * len(part.split())), 5000, dtype=np.int16)
 
 
-def make_session(segs: list[Seg], cfg: AgentConfig | None = None, llm_s: float = 0.0, tts_s: float = 0.0):
+def make_session(
+    segs: list[Seg], cfg: AgentConfig | None = None, llm_s: float = 0.0, tts_s: float = 0.0, asr: FakeAsr | None = None
+):
     cfg = cfg or AgentConfig()
     clock = AudioClock()
-    asr, responder, tts = FakeAsr(segs), FakeResponder(clock, llm_s), FakeTts(clock, tts_s)
+    asr, responder, tts = asr or FakeAsr(segs), FakeResponder(clock, llm_s), FakeTts(clock, tts_s)
     out = TimelineOutput(RATE, clock, cfg.output.buffer_ms)
     bus = EventBus()
     events: list = []
@@ -382,6 +386,51 @@ async def test_lm_turn_end_probability_moves_the_wait(prob: float, waits: bool) 
         assert turn["endpoint"]["silence_ms"] > 2 * min_ms and turn["endpoint"]["reason"] == "incomplete-wait"
     else:
         assert turn["endpoint"]["silence_ms"] <= min_ms + 20 and turn["endpoint"]["reason"] == "complete"
+
+
+class FakeAsrNearlyHeard(FakeAsr):
+    """A fake ASR that drops a short last word but reports it as nearly written
+    (`TranscriptResult.near_next`), as Whisper read "...prudently" with " in" at 0.49."""
+
+    def __init__(self, segs: list[Seg], near: dict[str, tuple[str, float]]) -> None:
+        super().__init__(segs)
+        self.near = near
+
+    def transcribe(self, audio: np.ndarray, window_s: float | None = None) -> TranscriptResult:
+        r = super().transcribe(audio, window_s)
+        if r.text in self.near:
+            r.near_next, r.near_share = self.near[r.text]
+        return r
+
+
+@pytest.mark.parametrize("share", [0.49, 0.0])
+async def test_no_cutoff_or_cut_where_whisper_nearly_wrote_a_function_word(share: float) -> None:
+    first = "how much there might be prudently"  # the caller said "...prudently in", then paused
+    segs = [Seg(0.5, 4.0, first), Seg(4.5, 5.2, "his power to do for them.")]
+    asr = FakeAsrNearlyHeard(segs, {first: ("in", share)} if share else {})
+    session, *_ = make_session(segs, asr=asr)
+    await play_script(session, segs, 7.0)
+    report = await session.close()
+    transcripts = [t["transcript"] for t in report["turns"]]
+    if share:  # neither committed at the pause nor cut there: the last call heard both segments
+        assert transcripts == [f"{first} his power to do for them."]
+        assert session.cutoffs_recovered == 0 and asr.heard[-1] == {1, 2}
+    else:  # bare words, an even chance: the 500 ms pause ended the turn and the caller was cut off
+        assert transcripts == [first, "his power to do for them."]
+
+
+def test_a_function_word_whisper_nearly_wrote_counts_as_written() -> None:
+    # "...prudently" at a pause after "in": Whisper gave end-of-text 0.51 and " in" 0.49
+    ep = Endpointer(AgentConfig().turn)
+    min_ms = AgentConfig().turn.min_silence_ms
+    text = "how much there might be prudently"
+    assert ep.required_silence_ms(text, lm_prob=0.9) == min_ms
+    assert ep.required_silence_ms(text, lm_prob=0.9, near=("in", 0.49)) == ep.required_silence_ms("be prudently in")
+    assert ep.required_silence_ms(text, lm_prob=0.9, near=("in", 0.2)) == min_ms  # far less likely than the end
+    assert ep.required_silence_ms(text, lm_prob=0.9, near=("money", 0.49)) == min_ms  # not a function word
+    assert ep.required_silence_ms("Thanks.", near=(",", 0.45)) == min_ms  # punctuation is no word
+    ep.caller_resumed_after(300, text, 0.9, near=("in", 0.49))  # an unfinished-looking pause: not counted
+    assert ep.resumed_pauses == []
 
 
 def test_lm_probability_cannot_overrule_a_trailing_function_word() -> None:

@@ -22,10 +22,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pipelines.config import AsrConfig
+
+if TYPE_CHECKING:
+    from voice.whisper_decoder import TorchWhisperDecoder
 
 SAMPLE_RATE = 16000
 
@@ -48,6 +52,11 @@ class TranscriptResult:
     fell_back: bool = False
     no_speech_prob: float = 0.0
     delooped: bool = False  # a short-window loop was cut to its first period (`deloop`)
+    drafted: int = 0  # tokens of the draft the decoder took without a step of their own
+    # the word Whisper nearly wrote after the text instead of ending it, and its share of
+    # the two's probability (draft decoder only): "...prudently" that nearly read "...prudently in"
+    near_next: str | None = None
+    near_share: float = 0.0
 
 
 def default_model_path() -> Path:
@@ -115,10 +124,21 @@ class WhisperEngine:
         # one call per CTranslate2 worker at a time: with 2, a caller's final transcript need
         # not wait for a partial that started just before they stopped
         self._lock = threading.BoundedSemaphore(self.cfg.workers)
+        self.draft_decoder: TorchWhisperDecoder | None = None
+        if self.cfg.draft_decoder and self.cfg.beam_size == 1:
+            from voice.whisper_decoder import TorchWhisperDecoder
+
+            self.draft_decoder = TorchWhisperDecoder(path)
+
+    @property
+    def drafts(self) -> bool:
+        """Whether `transcribe` makes use of a ``draft`` (the previous hypothesis)."""
+        return self.draft_decoder is not None
 
     def warmup(self) -> None:
         noise = (np.random.default_rng(0).standard_normal(SAMPLE_RATE) * 0.01).astype(np.float32)
         self.transcribe(noise)
+        self.transcribe(noise, draft="Hello there.")
         self.transcribe(noise, window_s=30.0)
 
     def window_for(self, audio_s: float, window_s: float | None = None) -> float:
@@ -146,23 +166,33 @@ class WhisperEngine:
             return min(2 * cap, 30.0)  # an explicit window that is too short: the next one up
         return 30.0
 
-    def transcribe(self, audio: np.ndarray, window_s: float | None = None) -> TranscriptResult:
+    def transcribe(
+        self, audio: np.ndarray, window_s: float | None = None, draft: str | None = None
+    ) -> TranscriptResult:
         """Blocking. ``audio`` is float32 mono at 16 kHz. ``window_s`` fixes the window (30 =
-        faster-whisper's path); by default it adapts to the audio length (`window_for`)."""
+        faster-whisper's path); by default it adapts to the audio length (`window_for`).
+        ``draft``, the text an earlier hypothesis of the same audio's start gave, lets the
+        torch decoder (``asr.draft_decoder``) check it in one pass instead of decoding it token
+        by token; the text is still what greedy decoding gives, not the draft."""
         audio_s = len(audio) / SAMPLE_RATE
         t0 = time.perf_counter()
         if len(audio) == 0:
             return TranscriptResult("", 0.0, self.window_for(0.0, window_s))
         window = self.window_for(audio_s, window_s)
         if window < 30.0:
-            text, nsp = self._short_window(audio, window)
+            text, nsp, drafted, near = self._short_window(audio, window, draft)
             if looks_degenerate(text, audio_s):
                 # a loop: its first period is usually the words (the 30 s path costs ~10x more)
                 fixed = deloop(text)
                 if fixed is not None and not looks_degenerate(fixed, audio_s):
-                    return TranscriptResult(fixed, time.perf_counter() - t0, window, no_speech_prob=nsp, delooped=True)
+                    return TranscriptResult(
+                        fixed, time.perf_counter() - t0, window, no_speech_prob=nsp, delooped=True, drafted=drafted
+                    )
             else:
-                return TranscriptResult(text, time.perf_counter() - t0, window, no_speech_prob=nsp)
+                return TranscriptResult(
+                    text, time.perf_counter() - t0, window, no_speech_prob=nsp, drafted=drafted,
+                    near_next=near[0], near_share=near[1],
+                )
         text = self._full_window(audio)
         return TranscriptResult(text, time.perf_counter() - t0, 30.0, fell_back=window < 30.0)
 
@@ -179,36 +209,50 @@ class WhisperEngine:
             # the generator decodes lazily: consume it here, inside the worker thread
             return " ".join(s.text.strip() for s in segments).strip()
 
-    def _short_window(self, audio: np.ndarray, window: float) -> tuple[str, float]:
+    def _short_window(
+        self, audio: np.ndarray, window: float, draft: str | None
+    ) -> tuple[str, float, int, tuple[str | None, float]]:
         fe = self.model.feature_extractor
         n = int(window * SAMPLE_RATE)
         padded = np.zeros(n, dtype=np.float32)
         padded[: len(audio)] = audio[:n]
         feats = fe(padded)[:, : int(window * 100)]
         prompt = list(self.tokenizer.sot_sequence) + [self.tokenizer.no_timestamps]
+        # nobody says more than ~6 tokens a second: a loop stops there, and costs little
+        max_length = min(448, len(prompt) + int(6 * min(window, len(audio) / SAMPLE_RATE)) + 10)
+        drafted, near = 0, (None, 0.0)
         with self._lock:
             enc = self.model.encode(feats)
-            res = self.model.model.generate(
-                enc,
-                [prompt],
-                beam_size=self.cfg.beam_size,
-                return_scores=True,
-                # nobody says more than ~6 tokens a second: a loop stops there, and costs little
-                max_length=min(448, len(prompt) + int(6 * min(window, len(audio) / SAMPLE_RATE)) + 10),
-                suppress_blank=True,
-                suppress_tokens=[-1],
-                return_no_speech_prob=True,
-                no_repeat_ngram_size=0,
-                repetition_penalty=1.1,
-            )[0]
-        tokens = [t for t in res.sequences_ids[0] if t < self.tokenizer.eot]
-        n = len(res.sequences_ids[0])
-        avg_logprob = res.scores[0] * n / (n + 1)  # as faster-whisper computes it (length penalty 1)
-        if res.no_speech_prob > NO_SPEECH_PROB and avg_logprob < NO_SPEECH_LOGPROB:
+            if self.draft_decoder is not None and draft and normalize_words(draft):
+                out = self.draft_decoder.decode(
+                    np.asarray(enc)[0], prompt, self.tokenizer.eot, self.tokenizer.no_speech, max_length,
+                    self.tokenizer.encode(" " + draft.strip()),
+                )
+                tokens, nsp, avg_logprob, drafted = out.tokens, out.no_speech_prob, out.avg_logprob, out.drafted
+                if out.near_next is not None:
+                    near = (self.tokenizer.decode([out.near_next]).strip(), out.near_share)
+            else:
+                res = self.model.model.generate(
+                    enc,
+                    [prompt],
+                    beam_size=self.cfg.beam_size,
+                    return_scores=True,
+                    max_length=max_length,
+                    suppress_blank=True,
+                    suppress_tokens=[-1],
+                    return_no_speech_prob=True,
+                    no_repeat_ngram_size=0,
+                    repetition_penalty=1.1,
+                )[0]
+                tokens = [t for t in res.sequences_ids[0] if t < self.tokenizer.eot]
+                k = len(res.sequences_ids[0])
+                avg_logprob = res.scores[0] * k / (k + 1)  # as faster-whisper computes it (length penalty 1)
+                nsp = float(res.no_speech_prob)
+        if nsp > NO_SPEECH_PROB and avg_logprob < NO_SPEECH_LOGPROB:
             # a click, a breath or a cough that Whisper would still put words on ("Perfect.",
             # "Yeah."): no words, as faster-whisper's own path gives for it
-            return "", float(res.no_speech_prob)
-        return self.tokenizer.decode(tokens).strip(), float(res.no_speech_prob)
+            return "", nsp, drafted, (None, 0.0)
+        return self.tokenizer.decode(tokens).strip(), nsp, drafted, near
 
 
 @dataclass
@@ -234,7 +278,10 @@ class StreamingASR:
     (VAD speech start) and ends; `insert_audio` only buffers, `process_iter` and `finish` run
     the engine in a worker thread so the event loop never blocks."""
 
-    transcribe: Callable[[np.ndarray], TranscriptResult]
+    transcribe: Callable[..., TranscriptResult]
+    # the engine takes ``draft=`` (WhisperEngine.drafts): each hypothesis hands the newest
+    # earlier one of the same stretch of audio to the decoder to check in one pass
+    drafts: bool = False
     pre_roll_s: float = 0.2
     max_utterance_s: float = 28.0
     _audio: list[np.ndarray] = field(default_factory=list)
@@ -250,11 +297,13 @@ class StreamingASR:
     # the newest pause where a cut was allowed but the turn was still short: a later pause
     # where no cut is allowed cuts here instead
     _cut_at: tuple[int, str] | None = None
+    # (cut it belongs to, text of the audio after that cut) of the newest hypothesis
+    _draft: tuple[int, str] | None = None
 
     def reset(self, start_t: float = 0.0) -> None:
         self._audio, self._samples, self._start_t = [], 0, start_t
         self._prev_words, self._stable, self._cache = [], [], None
-        self._fixed_samples, self._fixed_text, self._cut_at = 0, "", None
+        self._fixed_samples, self._fixed_text, self._cut_at, self._draft = 0, "", None, None
 
     def fix_prefix(
         self, min_new_s: float, covers_until: float | None = None, where: Callable[[str], bool] | None = None
@@ -314,11 +363,19 @@ class StreamingASR:
         # the cut as it is now: one made while Whisper runs (at a newer hypothesis that finished
         # first) is not this hypothesis's, whose audio starts at the old cut
         fixed_n, fixed_text = self._fixed_samples, self._fixed_text
-        res = await asyncio.to_thread(self.transcribe, self._buffer()[fixed_n:n])
+        audio = self._buffer()[fixed_n:n]
+        if self.drafts:
+            draft = self._draft[1] if self._draft is not None and self._draft[0] == fixed_n else None
+            res = await asyncio.to_thread(self.transcribe, audio, draft=draft)
+        else:
+            res = await asyncio.to_thread(self.transcribe, audio)
+        own = res.text
         if fixed_text:
             res = replace(res, text=f"{fixed_text} {res.text}".strip())
         if self._cache is None or n >= self._cache[0]:
             self._cache = (n, res)  # not when an older hypothesis finishes after a newer one
+            if normalize_words(own):
+                self._draft = (fixed_n, own)
         return res, end
 
     async def process_iter(self) -> AsrUpdate:
@@ -335,6 +392,13 @@ class StreamingASR:
         hypothesis, that hypothesis is the final one and costs nothing."""
         res, end = await self._run()
         return AsrUpdate(res.text, res.text, end, res.seconds)
+
+    def near_next(self, text: str) -> tuple[str, float] | None:
+        """For the newest hypothesis, if its text is ``text``: the word Whisper nearly wrote
+        after it instead of ending, with its share (`TranscriptResult.near_next`)."""
+        if self._cache is not None and self._cache[1].text == text and self._cache[1].near_next:
+            return self._cache[1].near_next, self._cache[1].near_share
+        return None
 
     def peek_cached(self) -> str | None:
         """The hypothesis for exactly the audio buffered now, if one was already computed."""

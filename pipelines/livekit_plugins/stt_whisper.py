@@ -100,7 +100,7 @@ def _speech(text: str, language: str, end_time: float = 0.0, confidence: float =
 
 class _Utterance:
     def __init__(self, engine: WhisperEngine, start_t: float) -> None:
-        self.asr = StreamingASR(engine.transcribe)
+        self.asr = StreamingASR(engine.transcribe, drafts=engine.drafts)
         self.asr.reset(start_t)
         self.lock = asyncio.Lock()  # StreamingASR runs one hypothesis at a time
         self.request_id = utils.shortuuid()
