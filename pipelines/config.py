@@ -42,7 +42,7 @@ class AsrConfig(_Section):
     workers: int = Field(2, ge=1, le=8, description="transcriptions that may run at once")
     language: str = "en"
     draft_decoder: bool = Field(
-        False,
+        True,
         description="short windows: a torch copy of Whisper's decoder checks the previous hypothesis in one pass "
                     "and decodes only what differs (voice/whisper_decoder.py); greedy only (beam_size 1)",
     )

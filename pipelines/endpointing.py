@@ -82,13 +82,15 @@ def completeness(text: str, lm_prob: float | None = None, near: tuple[str, float
 
 def nearly_function_word(text: str, near: tuple[str, float] | None) -> bool:
     """Whisper nearly wrote a function word after ``text`` (``near`` = (word, share), share at
-    least `NEAR_TRUST`) instead of ending it."""
-    return (
-        near is not None
-        and near[1] >= NEAR_TRUST
-        and surface_kind(text) != "function_word"
-        and surface_kind(f"{text.strip()} {near[0]}") == "function_word"
-    )
+    least `NEAR_TRUST`) instead of ending it, as the sentence's next word. A capitalised word
+    ("...young man? He") or any word after a question or exclamation mark would begin a new
+    sentence: that says nothing against this one being finished."""
+    if near is None or near[1] < NEAR_TRUST or surface_kind(text) in ("function_word", "question"):
+        return False
+    word = near[0].strip()
+    if word[:1].isupper() and word != "I":
+        return False
+    return surface_kind(f"{text.strip()} {word}") == "function_word"
 
 
 def _completeness(text: str, lm_prob: float | None = None) -> float:

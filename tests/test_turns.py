@@ -429,6 +429,11 @@ def test_a_function_word_whisper_nearly_wrote_counts_as_written() -> None:
     assert ep.required_silence_ms(text, lm_prob=0.9, near=("in", 0.2)) == min_ms  # far less likely than the end
     assert ep.required_silence_ms(text, lm_prob=0.9, near=("money", 0.49)) == min_ms  # not a function word
     assert ep.required_silence_ms("Thanks.", near=(",", 0.45)) == min_ms  # punctuation is no word
+    # a new sentence Whisper nearly began ("...young man? He", 0.41 in a real replay) does not
+    # make this one unfinished
+    assert ep.required_silence_ms("he was not an ill-disposed young man?", near=("He", 0.41)) == min_ms
+    assert ep.required_silence_ms(f"{text}.", lm_prob=0.9, near=("The", 0.45)) == min_ms
+    assert ep.required_silence_ms("Is that so?", near=("and", 0.45)) == min_ms
     ep.caller_resumed_after(300, text, 0.9, near=("in", 0.49))  # an unfinished-looking pause: not counted
     assert ep.resumed_pauses == []
 
