@@ -116,17 +116,21 @@ class Mosquitto:
         self.kill()
         raise RuntimeError(f"mosquitto did not listen on {self.port}: {self.log.read_text()[-2000:]}")
 
-    def db_mtime(self) -> int:
+    async def wait_persisted(self, collector: Collector, within_s: float = 5.0) -> None:
+        """Until the broker's persistence file holds ``collector``'s durable session and its
+        subscription: only then does that session survive a SIGKILL. (Waiting for the file's
+        mtime to change was not enough: the periodic autosave could land between the
+        subscriber's connect and its subscribe, and the restarted broker then had no session
+        to queue the test's events for.)"""
         db = self.dir / "mosquitto.db"
-        return db.stat().st_mtime_ns if db.exists() else 0
-
-    async def wait_saved(self, after: int, within_s: float = 5.0) -> None:
-        """Until the broker has saved its state after ``after`` (a ``db_mtime()``): a durable
-        subscriber's session is on disk only then, and only then survives a SIGKILL."""
+        want = (collector.client_id.encode(), collector.topic.encode())
         deadline = time.monotonic() + within_s
-        while self.db_mtime() == after:
+        while True:
+            data = db.read_bytes() if db.exists() else b""
+            if all(w in data for w in want):
+                return
             if time.monotonic() > deadline:
-                raise AssertionError("mosquitto did not save its persistence file")
+                raise AssertionError("mosquitto did not save the durable subscriber's session")
             await asyncio.sleep(0.01)
 
     def kill(self) -> None:

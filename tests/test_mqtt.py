@@ -323,9 +323,8 @@ async def test_broker_absent_at_start_then_delivered_without_loss(broker: Mosqui
     agent = FakeAgent()
     # The durable subscriber's session is saved before the broker goes away, so the broker,
     # once back, holds events for it however the two reconnects race.
-    saved = broker.db_mtime()
     async with Collector(broker.port, "voiceagent/#", durable=True) as col:
-        await broker.wait_saved(saved)
+        await broker.wait_persisted(col)
         await asyncio.to_thread(broker.kill)
         bridge = await start_mqtt(agent, mqtt_cfg(broker.port, reconnect_min_s=0.05, reconnect_max_s=0.3))
         assert bridge is not None
@@ -347,9 +346,8 @@ async def test_broker_absent_at_start_then_delivered_without_loss(broker: Mosqui
 async def test_broker_killed_mid_call_counts_delivered_and_dropped(broker: Mosquitto) -> None:
     agent = FakeAgent()
     bound = 50
-    saved = broker.db_mtime()
     async with Collector(broker.port, "voiceagent/#", durable=True) as col:
-        await broker.wait_saved(saved)
+        await broker.wait_persisted(col)
         bridge = await start_mqtt(
             agent, mqtt_cfg(broker.port, queue_max=bound, reconnect_min_s=0.05, reconnect_max_s=0.3)
         )
@@ -391,9 +389,8 @@ async def test_broker_killed_mid_call_counts_delivered_and_dropped(broker: Mosqu
 async def test_no_event_lost_below_the_bound_through_a_broker_restart(broker: Mosquitto) -> None:
     """Events keep flowing while the broker dies and comes back: every one arrives (at least once)."""
     agent = FakeAgent()
-    saved = broker.db_mtime()
     async with Collector(broker.port, "voiceagent/#", durable=True) as col:
-        await broker.wait_saved(saved)
+        await broker.wait_persisted(col)
         bridge = await start_mqtt(agent, mqtt_cfg(broker.port, reconnect_min_s=0.05, reconnect_max_s=0.3))
         assert bridge is not None and await bridge.wait_connected(5)
         total = 300
