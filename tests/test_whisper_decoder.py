@@ -80,6 +80,27 @@ def test_draft_is_checked_in_one_pass_and_never_leaks_into_the_text(asr) -> None
     assert float(np.mean(errs_draft)) <= float(np.mean(errs_ct2)) + 0.03, (errs_draft, errs_ct2)
 
 
+@pytest.mark.slow
+def test_a_draft_never_sends_a_transcription_to_the_30_s_window(asr) -> None:
+    """Where the torch decoder's near-tie choices run into a loop that CTranslate2's greedy
+    pass does not (on this CPU: "he was not an old-s-y-y-y" for the second clip without
+    its pre-roll), the same encoder output is decoded again by CTranslate2: the result is
+    CTranslate2's, never the 30 s window's (~0.6 s)."""
+    for clip in speech.librivox():
+        raw = read_wav(clip.path, 16000)[0].astype(np.float32) / 32768
+        for audio in (raw, np.concatenate([LEAD, raw])):
+            asr.draft_decoder, saved = None, asr.draft_decoder
+            try:
+                plain = asr.transcribe(audio)
+                drafts = {asr.transcribe(audio[: len(audio) - cut]).text for cut in (3200, 6400, 9600)}
+            finally:
+                asr.draft_decoder = saved
+            for draft in drafts:
+                drafted = asr.transcribe(audio, draft=draft)
+                assert drafted.window_s == plain.window_s, (clip.path.name, draft, drafted.text, plain.text)
+                assert wer(clip.text, drafted.text) <= wer(clip.text, plain.text) + 0.1, (drafted.text, plain.text)
+
+
 class FakeDraftTranscriber:
     """A fake engine (this test isolates the streaming policy): records the drafts it is
     handed and answers a word per second of audio."""

@@ -125,6 +125,7 @@ class WhisperEngine:
         # not wait for a partial that started just before they stopped
         self._lock = threading.BoundedSemaphore(self.cfg.workers)
         self.draft_decoder: TorchWhisperDecoder | None = None
+        self.draft_rejected = 0  # draft decodes that looped and were decoded again by CTranslate2
         if self.cfg.draft_decoder and self.cfg.beam_size == 1:
             from voice.whisper_decoder import TorchWhisperDecoder
 
@@ -223,11 +224,21 @@ class WhisperEngine:
         drafted, near = 0, (None, 0.0)
         with self._lock:
             enc = self.model.encode(feats)
+            out = None
             if self.draft_decoder is not None and draft and normalize_words(draft):
                 out = self.draft_decoder.decode(
                     np.asarray(enc)[0], prompt, self.tokenizer.eot, self.tokenizer.no_speech, max_length,
                     self.tokenizer.encode(" " + draft.strip()),
                 )
+                if looks_degenerate(self.tokenizer.decode(out.tokens), len(audio) / SAMPLE_RATE):
+                    # the torch decoder's near-tie choices can differ from CTranslate2's and run
+                    # into a loop CTranslate2's own greedy pass does not ("he was not an
+                    # old-s-y-y-y" for "...old-s-posed young man?"): decode this encoder output
+                    # again with CTranslate2 (one decode, ~6 ms a token) before the 30 s window
+                    # (~0.6 s) is tried
+                    self.draft_rejected += 1
+                    out = None
+            if out is not None:
                 tokens, nsp, avg_logprob, drafted = out.tokens, out.no_speech_prob, out.avg_logprob, out.drafted
                 if out.near_next is not None:
                     near = (self.tokenizer.decode([out.near_next]).strip(), out.near_share)

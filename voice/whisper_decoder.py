@@ -24,6 +24,7 @@ import json
 import math
 import re
 import struct
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,7 +141,11 @@ class _Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         w = weight.float()
         scale = (w.abs().amax(1) / 127).clamp_min(1e-8).double()
-        q = torch.quantize_per_channel(w, scale, torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
+        with warnings.catch_warnings():
+            # torch 2.13 announces the quantized tensor types' removal in a later release; the
+            # project pins torch==2.13.0, and the warning would repeat on every engine load
+            warnings.filterwarnings("ignore", message="torch.quantize_per_tensor", category=UserWarning)
+            q = torch.quantize_per_channel(w, scale, torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
         self.q8 = torch.ops.quantized.linear_prepack(q, None if bias is None else bias.float())
         self.w16 = w.bfloat16()
         self.b16 = None if bias is None else bias.bfloat16()
