@@ -134,6 +134,10 @@ async def test_stt_stream_emits_interim_preflight_final_on_real_speech(agent: An
     final = next(e for e in events if e.type == T.FINAL_TRANSCRIPT)
     assert recall(final.alternatives[0].text, clip.text) >= 0.6, final.alternatives[0].text
     assert final.speech_end_time is not None and final.speech_end_time <= final.created_at
+    # times on the stream's timeline: the clip starts after 0.5 s of quiet and ends with 1 s of it
+    alt = final.alternatives[0]
+    assert 0.1 <= alt.start_time <= 0.6, alt.start_time  # the pre-roll kept from before the VAD fired
+    assert abs(alt.end_time - (0.5 + len(pcm) / 16000)) < 0.3, alt.end_time
     preflights = [e for e in events if e.type == T.PREFLIGHT_TRANSCRIPT]
     for p in preflights:  # a preflight is the caller's words at a pause: the final, or a prefix of it
         assert normalize_words(final.alternatives[0].text)[: len(normalize_words(p.alternatives[0].text))]

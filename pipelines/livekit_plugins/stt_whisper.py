@@ -94,14 +94,22 @@ class WhisperSTT(stt.STT):
         return WhisperRecognizeStream(self, conn_options=conn_options)
 
 
-def _speech(text: str, language: str, end_time: float = 0.0, confidence: float = 1.0) -> stt.SpeechData:
-    return stt.SpeechData(language=language, text=text, end_time=end_time, confidence=max(0.0, min(1.0, confidence)))
+def _speech(
+    text: str, language: str, end_time: float = 0.0, confidence: float = 1.0, start_time: float = 0.0
+) -> stt.SpeechData:
+    """``start_time``/``end_time``: seconds on the stream's own audio timeline (LiveKit adds
+    the time its audio input started to place them on the wall clock)."""
+    return stt.SpeechData(
+        language=language, text=text, start_time=start_time, end_time=end_time,
+        confidence=max(0.0, min(1.0, confidence)),
+    )
 
 
 class _Utterance:
     def __init__(self, engine: WhisperEngine, start_t: float) -> None:
         self.asr = StreamingASR(engine.transcribe, drafts=engine.drafts)
         self.asr.reset(start_t)
+        self.start_t = start_t  # stream time of the utterance's first sample (preroll included)
         self.lock = asyncio.Lock()  # StreamingASR runs one hypothesis at a time
         self.request_id = utils.shortuuid()
         self.interim_at = 0  # samples covered by the last interim
@@ -225,9 +233,9 @@ class WhisperRecognizeStream(stt.RecognizeStream):
         # wall-clock end of speech: the stream's audio clock runs behind wall time by the
         # silence the VAD needed to see
         speech_end_time = time.time() - max(0.0, now_audio - speech_end)
-        self._spawn(self._final(utt, speech_end_time))
+        self._spawn(self._final(utt, speech_end_time, speech_end))
 
-    async def _final(self, utt: _Utterance, speech_end_time: float) -> None:
+    async def _final(self, utt: _Utterance, speech_end_time: float, speech_end: float) -> None:
         async with utt.lock:
             upd = await utt.asr.finish()
         text = upd.partial.strip()
@@ -235,7 +243,10 @@ class WhisperRecognizeStream(stt.RecognizeStream):
             stt.SpeechEvent(
                 type=stt.SpeechEventType.FINAL_TRANSCRIPT,
                 request_id=utt.request_id,
-                alternatives=[_speech(text, self._stt.asr_cfg.language, utt.asr.duration)],
+                # the stream's timeline, not the utterance's: LiveKit reads end_time as seconds
+                # since its audio input started (with the utterance's own length, a final after
+                # a late commit placed the caller's last word seconds too early)
+                alternatives=[_speech(text, self._stt.asr_cfg.language, speech_end, start_time=utt.start_t)],
                 speech_end_time=speech_end_time,
             )
         )
