@@ -64,7 +64,7 @@ class AsrConfig(_Section):
                     "transcribed again; 0 disables",
     )
     tail_partial_ms: int = Field(
-        40, ge=0, le=1000,
+        20, ge=0, le=1000,
         description="after this much unvoiced audio (before the VAD pause), a partial starts at once if the ASR "
                     "is idle: if the caller has stopped, it is the final transcript; 0 disables",
     )
