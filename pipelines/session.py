@@ -457,7 +457,7 @@ class CallSession:
             spec.ready_t = self.clock.now()
             return out
 
-        self._spawn(run_chain(spec, reply, first_audio))
+        spec.chain = self._spawn(run_chain(spec, reply, first_audio))
 
     def _speculate(self) -> None:
         if self.utt is None:
@@ -714,6 +714,10 @@ class CallSession:
         # 3. first clause of audio
         parts = self.engines.tts.split(reply.text)
         first: np.ndarray | None = None
+        if hit and spec is not None and spec.chain is not None and not spec.chain.done():
+            # the reply landed just now and its chain is making (or about to make) the first
+            # clause: wait for it rather than synthesising the same clause twice side by side
+            await asyncio.wait([spec.chain])
         if hit and spec is not None and spec.first_audio is not None and spec.first_part == (parts[0] if parts else ""):
             first = await spec.first_audio
         if first is None and parts:

@@ -35,6 +35,7 @@ class Speculation:
     first_part: str = ""
     text: str | None = None
     ready_t: float | None = None  # call time its first clause of audio was ready
+    chain: asyncio.Task[None] | None = None  # `run_chain` on this speculation, once started
     _t0: float = field(default_factory=time.perf_counter)
     _t_last_done: float | None = None
 

@@ -8,6 +8,7 @@ clock, as LiveKit Agents' tests do, so every timing below is deterministic.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -147,6 +148,64 @@ async def test_speculation_hit_plays_prepared_reply_at_once() -> None:
     # endpoint at min_silence after the pause; nothing left to compute then: gap = silence + buffer
     assert turn["gap_ms"] <= AgentConfig().vad.stop_ms + AgentConfig().turn.min_silence_ms + 60
     assert any(isinstance(e, SpeculationStarted) for e in events)
+
+
+class SlowFakeResponder(FakeResponder):
+    """A fake LM (this test isolates the turn logic) whose reply takes real time, so the turn
+    can commit while a speculation's reply is still being computed. Its turn-end opinion
+    (``turn_end_prob``, in a worker thread) takes real time too and always says "whole"."""
+
+    turn_end = True
+
+    def turn_end_prob(self, text: str) -> float:
+        time.sleep(0.01)
+        return 0.99
+
+    async def agenerate(self, text: str, history=(), deadline_s: float | None = None, prev=None) -> Reply:
+        await asyncio.sleep(0.02)
+        return await super().agenerate(text, history, deadline_s, prev)
+
+
+class RecordingFakeTts(FakeTts):
+    def __init__(self, clock: AudioClock) -> None:
+        super().__init__(clock)
+        self.said: list[str] = []
+
+    def synth(self, part: str) -> np.ndarray:
+        self.said.append(part)
+        time.sleep(0.01)  # real synthesis takes time in its worker thread
+        return super().synth(part)
+
+
+class RealTimeFakeAsr(FakeAsr):
+    """FakeAsr whose transcription takes real time in its worker thread, so frames go on
+    arriving while it runs (the fakes above finish before the next frame)."""
+
+    def transcribe(self, audio: np.ndarray, window_s: float | None = None) -> TranscriptResult:
+        time.sleep(0.06)
+        return super().transcribe(audio, window_s)
+
+
+async def test_a_reply_landing_at_the_commit_has_its_first_clause_synthesised_once() -> None:
+    # the final words come with the tail partial, which lands after the VAD's pause: the turn
+    # commits at once while that partial's speculative reply is still running, and the
+    # committed path must take the speculation's first clause rather than synthesise it again
+    segs = [Seg(0.5, 2.0, "I need a table for two.")]
+    cfg = AgentConfig.model_validate({"asr": {"partial_interval_ms": 5000}})  # the tail partial alone
+    session, out, events, responder, _ = make_session(segs, cfg, asr=RealTimeFakeAsr(segs))
+    slow, tts = SlowFakeResponder(session.clock), RecordingFakeTts(session.clock)  # type: ignore[arg-type]
+    session.engines.responder, session.engines.tts = slow, tts  # type: ignore[misc]
+    await session.start()
+    for i in range(int(4.0 * RATE / FRAME)):  # frames keep coming while the engines work
+        t = i * FRAME / RATE
+        level = 1000 if segs[0].start <= t < segs[0].end else 0
+        await session.push_audio(AudioFrame(np.full(FRAME, level, dtype=np.int16), RATE, t))
+        await asyncio.sleep(0.005)
+    await session.idle()
+    report = await session.close()
+    (turn,) = report["turns"]
+    assert slow.calls == ["I need a table for two."]  # one reply: the speculation's, reused
+    assert tts.said == split_for_speech(slow.reply, 3), tts.said  # each clause once: the first not twice
 
 
 @pytest.mark.parametrize("tail_ms", [40, 0])
