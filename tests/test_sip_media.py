@@ -119,6 +119,24 @@ def test_jitter_buffer_in_order_is_lossless(speech8k):
     assert kinds.count(FrameKind.AUDIO) == 100
 
 
+def test_deep_jitter_buffer_keeps_the_first_packets_through_a_playout_stall(speech8k):
+    # target 1000 ms: 50 frames of prebuffer, during which the playout loop stalled for three
+    # 20 ms ticks while the caller's packets kept coming
+    pcm = speech8k[: 160 * 80]
+    jb = JitterBuffer(target_ms=1000)
+    frames = []
+    for i, p in enumerate(_packets(pcm) + [None] * 60):
+        if p is not None:
+            jb.push(*p)
+        if i in (20, 21, 22):
+            continue  # the stall: no pop
+        got = jb.pop()
+        if got is not None:
+            frames.append(got[0])
+    out = np.concatenate(frames)
+    assert np.array_equal(out[: len(pcm)], pcm)  # nothing shed: the call starts at its first packet
+
+
 def test_jitter_buffer_undoes_reordering_and_drops_duplicates(speech8k):
     pcm = speech8k[: 160 * 100]
     pk = _packets(pcm)

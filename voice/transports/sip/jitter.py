@@ -45,7 +45,12 @@ class JitterBuffer:
     def __init__(self, frame_samples: int = 160, target_ms: int = 60, max_ms: int = 500, rate: int = 8000) -> None:
         self.frame = frame_samples
         self.target = max(0, rate * target_ms // 1000)
-        self.max_depth = max(self.target + frame_samples, rate * max_ms // 1000)
+        # a backlog past this is shed; a deep target keeps at least half of max_ms of room above
+        # it, or a few packets ahead of the playout clock while it prebuffers are shed at once
+        # (target 1000 ms with max 500: the first packets of a call were dropped after a 40 ms
+        # stall of the playout loop)
+        max_samples = rate * max_ms // 1000
+        self.max_depth = max(self.target + max(frame_samples, max_samples // 2), max_samples)
         self.stats = JitterStats()
         self._packets: dict[int, np.ndarray] = {}  # unwrapped timestamp -> samples
         self._cursor = 0
