@@ -2,8 +2,11 @@
 
 The stream segments the audio itself with the same webrtcvad segmenter as our pipeline. For
 each utterance it emits START_OF_SPEECH, then INTERIM_TRANSCRIPT every ``partial_interval_ms``
-of new audio. When the caller pauses for ``vad.stop_ms`` it transcribes everything so far at
-once and emits that as PREFLIGHT_TRANSCRIPT (LiveKit starts its preemptive reply on it). If
+of new audio. As our own session does, it starts transcribing everything so far as soon as
+``asr.tail_partial_ms`` of unvoiced audio follow a voiced frame (later audio is held back
+until the caller speaks again), so when the caller pauses for ``vad.stop_ms`` that hypothesis
+is already on its way and goes out as PREFLIGHT_TRANSCRIPT (LiveKit starts its preemptive
+reply on it). If
 the pause reaches ``final_silence_ms``, or LiveKit flushes the stream, the same hypothesis
 becomes FINAL_TRANSCRIPT (cached: no second Whisper run) followed by END_OF_SPEECH; if the
 caller goes on, it was only an interim. Finals wait longer than our pipeline's pause, since
@@ -115,14 +118,18 @@ class _Utterance:
         self.interim_at = 0  # samples covered by the last interim
         self.interim: asyncio.Task[None] | None = None
         self.paused = False  # the caller stopped for vad.stop_ms: a candidate final is running
-        self.tail: list[np.ndarray] = []  # audio since the pause, held back from the ASR
+        # the caller may just have stopped (``asr.tail_partial_ms`` of unvoiced audio): a
+        # hypothesis of everything so far is running, and later audio is held back so that
+        # the candidate final at the pause is that same hypothesis, already computed
+        self.holding = False
+        self.tail: list[np.ndarray] = []  # audio since the hold or pause, held back from the ASR
         self.done = False
 
     def resume(self) -> None:
         for pcm in self.tail:
             self.asr.insert_audio(pcm)
         self.tail.clear()
-        self.paused = False
+        self.paused = self.holding = False
 
 
 class WhisperRecognizeStream(stt.RecognizeStream):
@@ -153,6 +160,7 @@ class WhisperRecognizeStream(stt.RecognizeStream):
         resampler: StreamResampler | None = None
         utt: _Utterance | None = None
         t = 0.0  # seconds of audio received: the stream's own timeline
+        tail_s = self._stt.asr_cfg.tail_partial_ms / 1000
         try:
             async for item in self._input_ch:
                 if isinstance(item, self._FlushSentinel):
@@ -177,14 +185,25 @@ class WhisperRecognizeStream(stt.RecognizeStream):
                         self._emit(stt.SpeechEvent(type=stt.SpeechEventType.START_OF_SPEECH, request_id=utt.request_id))
                     elif ev.kind == "start" and utt is not None and utt.paused:
                         utt.resume()  # a breath, not the end: the candidate was only an interim
+                    elif ev.kind == "voiced" and utt is not None and utt.holding and not utt.paused:
+                        utt.resume()  # a dip inside speech, not the end
                     elif ev.kind == "pause" and utt is not None and not utt.paused:
-                        utt.asr.insert_audio(pcm)
-                        pcm = pcm[:0]
+                        if not utt.holding:
+                            utt.asr.insert_audio(pcm)
+                            pcm = pcm[:0]
                         utt.paused = True
                         self._spawn(self._candidate(utt))
+                if (
+                    utt is not None and not utt.paused and not utt.holding and tail_s > 0
+                    and t - segmenter.last_voiced_end >= tail_s
+                ):
+                    utt.asr.insert_audio(pcm)
+                    pcm = pcm[:0]
+                    utt.holding = True
+                    self._spawn(self._tail_hypothesis(utt))
                 if utt is None:
                     preroll.append(pcm)
-                elif utt.paused:
+                elif utt.paused or utt.holding:
                     utt.tail.append(pcm)
                     if t - segmenter.last_voiced_end >= self._stt.final_silence_ms / 1000:
                         self._finish(utt, segmenter.last_voiced_end, t)
@@ -214,6 +233,16 @@ class WhisperRecognizeStream(stt.RecognizeStream):
                 return
             upd = await utt.asr.process_iter()
         if not utt.done and upd.partial.strip():
+            self._emit_text(stt.SpeechEventType.INTERIM_TRANSCRIPT, utt, upd.partial)
+
+    async def _tail_hypothesis(self, utt: _Utterance) -> None:
+        """Everything heard so far, started ``tail_partial_ms`` after the last voiced frame:
+        if the caller has stopped, the pause's candidate final finds it computed."""
+        async with utt.lock:
+            if utt.done or not utt.holding:
+                return
+            upd = await utt.asr.process_iter()
+        if not utt.done and not utt.paused and upd.partial.strip():
             self._emit_text(stt.SpeechEventType.INTERIM_TRANSCRIPT, utt, upd.partial)
 
     async def _candidate(self, utt: _Utterance) -> None:
