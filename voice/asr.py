@@ -125,7 +125,6 @@ class WhisperEngine:
         # not wait for a partial that started just before they stopped
         self._lock = threading.BoundedSemaphore(self.cfg.workers)
         self.draft_decoder: TorchWhisperDecoder | None = None
-        self.draft_rejected = 0  # draft decodes that looped and were decoded again by CTranslate2
         if self.cfg.draft_decoder and self.cfg.beam_size == 1:
             from voice.whisper_decoder import TorchWhisperDecoder
 
@@ -236,7 +235,6 @@ class WhisperEngine:
                     # old-s-y-y-y" for "...old-s-posed young man?"): decode this encoder output
                     # again with CTranslate2 (one decode, ~6 ms a token) before the 30 s window
                     # (~0.6 s) is tried
-                    self.draft_rejected += 1
                     out = None
             if out is not None:
                 tokens, nsp, avg_logprob, drafted = out.tokens, out.no_speech_prob, out.avg_logprob, out.drafted
