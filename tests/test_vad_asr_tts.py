@@ -106,6 +106,11 @@ def test_deloop_keeps_one_period_of_a_loop() -> None:
     assert deloop("10 of clubs 10 of clubs 10 of clubs 10 of") == "10 of clubs"
     assert deloop("I said ten of clubs, ten of clubs, ten of clubs") == "I said ten of clubs"
     assert deloop("hello there, how are you") is None  # no loop: nothing to cut
+    # a loop that ended short of the guard's third round (a real partial of "10 of clubs",
+    # 1.06 s of audio in a 3 s window): cut back; a word or a phrase said again stays
+    assert deloop("10 of clubs. 10 of clubs. 10", min_period=2) == "10 of clubs."
+    for said in ("no no no", "bye bye bye", "thank you thank you", "I said ten of clubs ten of clubs"):
+        assert deloop(said, min_period=2) is None, said
     assert deloop("") is None
 
 

@@ -87,14 +87,15 @@ def looks_degenerate(text: str, audio_s: float) -> bool:
     return False
 
 
-def deloop(text: str) -> str | None:
+def deloop(text: str, min_period: int = 1) -> str | None:
     """Whisper's loop on a short window is a periodic tail ("ten of clubs ten of clubs ten
-    of"): keep everything before it and one period of it. None when there is no such tail."""
+    of"): keep everything before it and one period of it. None when there is no such tail
+    (of at least two periods and a word, each period ``min_period`` words or more)."""
     words = text.split()
     norm = [normalize_words(w) for w in words]
     for i in range(len(words)):
         rest = norm[i:]
-        for n in range(1, 7):
+        for n in range(min_period, 7):
             if len(rest) < 2 * n + 1:
                 break
             if all(rest[j] == rest[j % n] for j in range(len(rest))):
@@ -180,8 +181,10 @@ class WhisperEngine:
             return TranscriptResult("", 0.0, self.window_for(0.0, window_s))
         window = self.window_for(audio_s, window_s)
         if window < 30.0:
-            text, nsp, drafted, near = self._short_window(audio, window, draft)
-            if looks_degenerate(text, audio_s):
+            text, nsp, drafted, near, capped = self._short_window(audio, window, draft)
+            if capped or looks_degenerate(text, audio_s):
+                # (capped: decoding stopped at max_length, more tokens than anyone says in the
+                # audio: a loop cut before its third round, "10 of clubs. 10 of clubs. 10")
                 # a loop: its first period is usually the words (the 30 s path costs ~10x more)
                 fixed = deloop(text)
                 if fixed is not None and not looks_degenerate(fixed, audio_s):
@@ -189,6 +192,14 @@ class WhisperEngine:
                         fixed, time.perf_counter() - t0, window, no_speech_prob=nsp, delooped=True, drafted=drafted
                     )
             else:
+                # a phrase said twice and begun a third time as the audio ends ("10 of clubs. 10
+                # of clubs. 10" for one "10 of clubs", then end-of-text): a loop that stopped
+                # short of the guard's third round. A single word repeated ("no no no") stays.
+                fixed = deloop(text, min_period=2)
+                if fixed is not None:
+                    return TranscriptResult(
+                        fixed, time.perf_counter() - t0, window, no_speech_prob=nsp, delooped=True, drafted=drafted
+                    )
                 return TranscriptResult(
                     text, time.perf_counter() - t0, window, no_speech_prob=nsp, drafted=drafted,
                     near_next=near[0], near_share=near[1],
@@ -211,7 +222,7 @@ class WhisperEngine:
 
     def _short_window(
         self, audio: np.ndarray, window: float, draft: str | None
-    ) -> tuple[str, float, int, tuple[str | None, float]]:
+    ) -> tuple[str, float, int, tuple[str | None, float], bool]:
         fe = self.model.feature_extractor
         n = int(window * SAMPLE_RATE)
         padded = np.zeros(n, dtype=np.float32)
@@ -220,7 +231,7 @@ class WhisperEngine:
         prompt = list(self.tokenizer.sot_sequence) + [self.tokenizer.no_timestamps]
         # nobody says more than ~6 tokens a second: a loop stops there, and costs little
         max_length = min(448, len(prompt) + int(6 * min(window, len(audio) / SAMPLE_RATE)) + 10)
-        drafted, near = 0, (None, 0.0)
+        drafted, near, capped = 0, (None, 0.0), False
         with self._lock:
             enc = self.model.encode(feats)
             out = None
@@ -229,15 +240,17 @@ class WhisperEngine:
                     np.asarray(enc)[0], prompt, self.tokenizer.eot, self.tokenizer.no_speech, max_length,
                     self.tokenizer.encode(" " + draft.strip()),
                 )
-                if looks_degenerate(self.tokenizer.decode(out.tokens), len(audio) / SAMPLE_RATE):
+                if out.capped or looks_degenerate(self.tokenizer.decode(out.tokens), len(audio) / SAMPLE_RATE):
                     # the torch decoder's near-tie choices can differ from CTranslate2's and run
                     # into a loop CTranslate2's own greedy pass does not ("he was not an
-                    # old-s-y-y-y" for "...old-s-posed young man?"): decode this encoder output
-                    # again with CTranslate2 (one decode, ~6 ms a token) before the 30 s window
-                    # (~0.6 s) is tried
+                    # old-s-y-y-y" for "...old-s-posed young man?", or "10 of clubs. 10 of
+                    # clubs. 10" cut by max_length before its third round): decode this encoder
+                    # output again with CTranslate2 (one decode, ~6 ms a token) before the 30 s
+                    # window (~0.6 s) is tried
                     out = None
             if out is not None:
                 tokens, nsp, avg_logprob, drafted = out.tokens, out.no_speech_prob, out.avg_logprob, out.drafted
+                capped = out.capped
                 if out.near_next is not None:
                     near = (self.tokenizer.decode([out.near_next]).strip(), out.near_share)
             else:
@@ -255,13 +268,14 @@ class WhisperEngine:
                 )[0]
                 tokens = [t for t in res.sequences_ids[0] if t < self.tokenizer.eot]
                 k = len(res.sequences_ids[0])
+                capped = len(prompt) + len(tokens) >= max_length - 1
                 avg_logprob = res.scores[0] * k / (k + 1)  # as faster-whisper computes it (length penalty 1)
                 nsp = float(res.no_speech_prob)
         if nsp > NO_SPEECH_PROB and avg_logprob < NO_SPEECH_LOGPROB:
             # a click, a breath or a cough that Whisper would still put words on ("Perfect.",
             # "Yeah."): no words, as faster-whisper's own path gives for it
-            return "", nsp, drafted, (None, 0.0)
-        return self.tokenizer.decode(tokens).strip(), nsp, drafted, near
+            return "", nsp, drafted, (None, 0.0), False
+        return self.tokenizer.decode(tokens).strip(), nsp, drafted, near, capped
 
 
 @dataclass
@@ -383,7 +397,9 @@ class StreamingASR:
             res = replace(res, text=f"{fixed_text} {res.text}".strip())
         if self._cache is None or n >= self._cache[0]:
             self._cache = (n, res)  # not when an older hypothesis finishes after a newer one
-            if normalize_words(own):
+            if normalize_words(own) and not res.delooped and not res.fell_back:
+                # a loop that was cut back is no draft: handed on, it is decoded again and
+                # again ("10 of clubs. 10 of clubs. 10" took the next hypothesis 165 ms)
                 self._draft = (fixed_n, own)
         return res, end
 

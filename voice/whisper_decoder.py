@@ -129,6 +129,8 @@ class DecodeResult:
     # probability (None when end-of-text won by far, or the text was cut at max_length)
     near_next: int | None = None
     near_share: float = 0.0
+    # stopped at max_length, not at end-of-text: more tokens than anyone says in the audio, a loop
+    capped: bool = False
 
 
 class _Linear:
@@ -292,6 +294,7 @@ class TorchWhisperDecoder:
         expect = 0  # index in the draft of the token that would come next, were the text on it
         row, k = len(prompt) - 1, 0  # logits row for the next token; proposal[k] was fed at row + 1
         near: tuple[int | None, float] = (None, 0.0)
+        capped = False
         while True:
             lg = self._process(logits[row], generated, not generated, eot)
             tok = int(lg.argmax())
@@ -300,6 +303,7 @@ class TorchWhisperDecoder:
             if tok == eot or len(prompt) + len(generated) + 1 >= max_length:
                 if tok != eot:
                     generated.append(tok)
+                    capped = True
                 else:
                     near = _runner_up(logp, eot)
                 break
@@ -321,4 +325,4 @@ class TorchWhisperDecoder:
             calls += 1
             row, k = 0, 0
         n = len(generated) + 1
-        return DecodeResult(generated, no_speech_prob, logp_sum / n, accepted, calls, *near)
+        return DecodeResult(generated, no_speech_prob, logp_sum / n, accepted, calls, *near, capped=capped)
