@@ -182,24 +182,18 @@ class WhisperEngine:
         window = self.window_for(audio_s, window_s)
         if window < 30.0:
             text, nsp, drafted, near, capped = self._short_window(audio, window, draft)
-            if capped or looks_degenerate(text, audio_s):
-                # (capped: decoding stopped at max_length, more tokens than anyone says in the
-                # audio: a loop cut before its third round, "10 of clubs. 10 of clubs. 10")
-                # a loop: its first period is usually the words (the 30 s path costs ~10x more)
-                fixed = deloop(text)
-                if fixed is not None and not looks_degenerate(fixed, audio_s):
-                    return TranscriptResult(
-                        fixed, time.perf_counter() - t0, window, no_speech_prob=nsp, delooped=True, drafted=drafted
-                    )
-            else:
-                # a phrase said twice and begun a third time as the audio ends ("10 of clubs. 10
-                # of clubs. 10" for one "10 of clubs", then end-of-text): a loop that stopped
-                # short of the guard's third round. A single word repeated ("no no no") stays.
-                fixed = deloop(text, min_period=2)
-                if fixed is not None:
-                    return TranscriptResult(
-                        fixed, time.perf_counter() - t0, window, no_speech_prob=nsp, delooped=True, drafted=drafted
-                    )
+            # A loop: the guard's (a third round, more words than anyone says, or decoding
+            # stopped at max_length), or a phrase said twice and begun a third time as the audio
+            # ends ("10 of clubs. 10 of clubs. 10" for one "10 of clubs", then end-of-text). Its
+            # first period is usually the words (the 30 s path costs ~10x more); a single word
+            # said again ("no no no") is no loop unless the guard says so.
+            loop = capped or looks_degenerate(text, audio_s)
+            fixed = deloop(text, min_period=1 if loop else 2)
+            if fixed is not None and not looks_degenerate(fixed, audio_s):
+                return TranscriptResult(
+                    fixed, time.perf_counter() - t0, window, no_speech_prob=nsp, delooped=True, drafted=drafted
+                )
+            if not loop:
                 return TranscriptResult(
                     text, time.perf_counter() - t0, window, no_speech_prob=nsp, drafted=drafted,
                     near_next=near[0], near_share=near[1],
