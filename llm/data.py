@@ -3,17 +3,22 @@
 Sources (licences recorded in the README):
 - ``chitchat-dataset`` 0.9.0 (MIT): BYU PCC open-domain chats;
 - ``chatterbot-corpus`` 1.3.3 (BSD): English question/answer lists;
+- ``llm/corpus/sgd_pairs.jsonl.gz``: caller -> assistant pairs from the Schema-Guided
+  Dialogue corpus (CC BY-SA 4.0, ``llm/corpus/SGD-LICENSE.txt``; made by
+  ``scripts/extract_sgd.py``);
 - a generated persona slice (``llm.persona``) for phone-call behaviour.
 """
 
 from __future__ import annotations
 
 import glob
+import gzip
 import json
 import os
 import random
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from llm.persona import persona_pairs
 
@@ -79,9 +84,18 @@ def chatterbot_pairs() -> list[Pair]:
     return out
 
 
+SGD_PAIRS = Path(__file__).parent / "corpus" / "sgd_pairs.jsonl.gz"
+
+
+def sgd_pairs(path: Path = SGD_PAIRS) -> list[Pair]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [Pair(_clean(d["prompt"]), _clean(d["response"]), "sgd") for d in map(json.loads, f)]
+
+
 def all_pairs(seed: int = 0) -> list[Pair]:
-    pairs = chitchat_pairs() + chatterbot_pairs() + persona_pairs(seed)
-    return pairs
+    """The corpora the held-out split is drawn from (`split_pairs`); SGD pairs are added to
+    the training side only (``llm.train --sgd``), so that split never moves."""
+    return chitchat_pairs() + chatterbot_pairs() + persona_pairs(seed)
 
 
 def split_pairs(pairs: list[Pair], heldout: int, seed: int = 0) -> tuple[list[Pair], list[Pair]]:

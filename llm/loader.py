@@ -1,9 +1,13 @@
 """Load a masked diffusion LM from a local directory (never from a hub).
 
-Three families share one decoding interface (`LoadedLM`):
+Four families share one loading interface (`LoadedLM`):
 
+- ``bdlm``: the embedded block diffusion LM in ``llm/weights/bdlm`` (the default): GPT-2
+  adapted from the AR baseline to block diffusion (`llm.block_lm`), decoded by
+  `llm.block_decoder` with a cache of finished blocks;
 - ``masked_lm`` with this project's chat tokenizer: the embedded ModernBERT MDLM in
-  ``llm/weights/mdlm`` (the default), or any retrained copy;
+  ``llm/weights/mdlm`` (it also carries the turn-end probe, `llm.turn_end`), or any
+  retrained copy;
 - ``masked_lm`` with a Hugging Face tokenizer: any local `AutoModelForMaskedLM` directory,
   e.g. ModernBERT-based chat MDLMs; the prompt uses the tokenizer's chat template if it has
   one;
@@ -28,7 +32,8 @@ from llm.decoder import LogitsFn, SpecialTokens
 from llm.tokenizer import EOT, MASK, ChatTokenizer
 from pipelines.config import LlmConfig
 
-EMBEDDED = Path(__file__).parent / "weights" / "mdlm"
+EMBEDDED = Path(__file__).parent / "weights" / "bdlm"  # the default reply model
+EMBEDDED_MDLM = Path(__file__).parent / "weights" / "mdlm"
 # mask token of the released checkpoints, by string and by id, for when neither config.json
 # nor the tokenizer names one
 MASK_TOKENS = {"llada": "<|mdm_mask|>", "dream": "<|mask|>"}
@@ -65,6 +70,8 @@ def detect_kind(path: Path) -> str:
         cfg = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{path / 'config.json'} is not readable JSON: {exc}") from exc
+    if cfg.get("block_diffusion"):
+        return "bdlm"
     mt = str(cfg.get("model_type", "")).lower()
     if "llada" in mt:
         return "llada"
@@ -103,6 +110,8 @@ def load_lm(cfg: LlmConfig) -> LoadedLM:
         dtype = torch_dtype(cfg.dtype)
         if kind == "masked_lm":
             return _load_masked_lm(path, dtype)
+        if kind == "bdlm":
+            return _load_bdlm(path, dtype)
         return _load_remote(path, kind, dtype)
     except ModelLoadError:
         raise
@@ -142,13 +151,27 @@ def _load_masked_lm(path: Path, dtype: torch.dtype) -> LoadedLM:
         tok = ChatTokenizer.load(path)
         sp = tok.special
         special = SpecialTokens(mask=sp.mask, eot=sp.eot, pad=sp.pad, forbidden=(sp.bos, sp.sep))
-
-        def prompt_ids(text: str, history: list[tuple[str, str]], max_len: int) -> list[int]:
-            ctx = " ".join([f"{u} {a}" for u, a in history] + [text])
-            return tok.prompt_ids(ctx, max_len)
-
-        return LoadedLM("masked_lm", model, logits_fn, special, prompt_ids, tok.decode, path)
+        return LoadedLM("masked_lm", model, logits_fn, special, _chat_prompt(tok), tok.decode, path)
     return _hf_tokenizer_lm("masked_lm", model, logits_fn, path, None)
+
+
+def _chat_prompt(tok: ChatTokenizer) -> PromptFn:
+    def prompt_ids(text: str, history: list[tuple[str, str]], max_len: int) -> list[int]:
+        ctx = " ".join([f"{u} {a}" for u, a in history] + [text])
+        return tok.prompt_ids(ctx, max_len)
+
+    return prompt_ids
+
+
+def _load_bdlm(path: Path, dtype: torch.dtype) -> LoadedLM:
+    from transformers import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel.from_pretrained(str(path), local_files_only=True, dtype=dtype).eval()
+    tok = ChatTokenizer.load(path)
+    sp = tok.special
+    special = SpecialTokens(mask=sp.mask, eot=sp.eot, pad=sp.pad, forbidden=(sp.bos, sp.sep))
+    # logits_fn is the plain causal reading (for judges); replies go through llm.block_decoder
+    return LoadedLM("bdlm", model, _full_logits(model), special, _chat_prompt(tok), tok.decode, path)
 
 
 def _has_chat_tokens(tok_file: Path) -> bool:

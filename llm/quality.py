@@ -62,6 +62,23 @@ def distinct_n(texts: Sequence[str], n: int = 2) -> float:
     return len(set(grams)) / len(grams) if grams else 0.0
 
 
+_SENTENCE = re.compile(r"[^.!?]+[.!?]*")
+
+
+def sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE.findall(text) if s.strip()]
+
+
+def repeats(text: str) -> bool:
+    """A word said twice in a row, or a sentence said twice: what a caller hears as a stutter."""
+    w = words(text)
+    if any(a == b for a, b in zip(w, w[1:], strict=False)):
+        return True
+    said = [" ".join(words(s)) for s in sentences(text)]
+    said = [s for s in said if s]
+    return len(said) != len(set(said))
+
+
 def has_adjacent_repeat(ids: Sequence[int]) -> bool:
     return any(a == b for a, b in zip(ids, ids[1:], strict=False))
 

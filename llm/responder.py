@@ -1,9 +1,15 @@
 """The agent's reply writer: prompt formatting, block decoding, text out.
 
 `Responder.generate` is blocking (torch); `agenerate` runs it in a worker thread and stops
-it between denoising passes when the awaiting task is cancelled. `redenoise` is the
-incremental path: when the caller's partial transcript changes a little, the previous block
-is kept and only its low-confidence and changed positions are re-masked and re-decoded.
+it between denoising passes when the awaiting task is cancelled. The embedded block
+diffusion LM decodes with `llm.block_decoder`; masked LMs (the MDLM, LLaDA, Dream) with
+`llm.decoder`. `redenoise` is the masked LMs' incremental path: when the caller's partial
+transcript changes a little, the previous block is kept and only its low-confidence and
+changed positions are re-masked and re-decoded.
+
+The LM's end-of-turn opinion (`turn_end_prob`) is a probe on a masked LM's hidden state
+(`llm.turn_end`): the reply model's own when its directory has one, else the embedded
+MDLM's (``llm.turn_end_model_path``).
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from llm.block_decoder import BlockDiffusionDecoder, BlockOptions
 from llm.decoder import BlockResult, DecodeOptions, DecodeStats, generate_block, generate_blocks
-from llm.loader import LoadedLM, load_lm
-from llm.turn_end import TurnEndProbe
+from llm.loader import EMBEDDED_MDLM, LoadedLM, load_lm
+from llm.turn_end import PROBE_FILE, TurnEndProbe
 from pipelines.config import LlmConfig
 
 
@@ -34,17 +41,32 @@ class Reply:
 
 
 class Responder:
-    def __init__(self, lm: LoadedLM, cfg: LlmConfig) -> None:
+    def __init__(self, lm: LoadedLM, cfg: LlmConfig, probe_lm: LoadedLM | None = None) -> None:
         self.lm = lm
         self.cfg = cfg
-        self.turn_end: TurnEndProbe | None = TurnEndProbe.load(lm.path) if lm.path.is_dir() else None
+        self.blocks = BlockDiffusionDecoder(lm.model, lm.special) if lm.kind == "bdlm" else None
+        self.probe_lm = probe_lm or lm
+        probe_dir = self.probe_lm.path
+        self.turn_end: TurnEndProbe | None = TurnEndProbe.load(probe_dir) if probe_dir.is_dir() else None
         if self.turn_end is not None:
-            self.turn_end.prepare(lm)  # now, not on a call's first hypothesis
+            self.turn_end.prepare(self.probe_lm)  # now, not on a call's first hypothesis
 
     @classmethod
     def load(cls, cfg: LlmConfig | None = None) -> Responder:
         cfg = cfg or LlmConfig()
-        return cls(load_lm(cfg), cfg)
+        lm = load_lm(cfg)
+        probe_lm = None
+        if not (lm.path / PROBE_FILE).exists():
+            probe_path = cfg.turn_end_model_path or str(EMBEDDED_MDLM)
+            # the probe was fitted on float32 features
+            probe_lm = load_lm(LlmConfig(model_path=probe_path, dtype="float32", threads=cfg.threads))
+        return cls(lm, cfg, probe_lm)
+
+    def block_options(self, deadline: float | None = None, **overrides: object) -> BlockOptions:
+        kw: dict[str, object] = {"block": self.cfg.block_len, "tau": self.cfg.tau, "max_passes": self.cfg.steps,
+                                 "max_tokens": self.cfg.max_tokens, "deadline": deadline}
+        kw.update(overrides)
+        return BlockOptions(**kw)  # type: ignore[arg-type]
 
     def options(self, deadline: float | None = None, **overrides: object) -> DecodeOptions:
         """Decoder options from the config: every `LlmConfig` field named like a
@@ -61,7 +83,7 @@ class Responder:
         has no probe, see `llm.turn_end`)."""
         if self.turn_end is None:
             return None
-        return self.turn_end.probs(self.lm, [user_text])[0]
+        return self.turn_end.probs(self.probe_lm, [user_text])[0]
 
     def _prompt(self, text: str, history: list[tuple[str, str]] | tuple = ()) -> list[int]:
         hist = list(history)[-self.cfg.history_turns :] if self.cfg.history_turns else []
@@ -80,13 +102,18 @@ class Responder:
     ) -> Reply:
         """Blocking. ``deadline_s`` is a budget in seconds from now (anytime decoding)."""
         deadline = time.perf_counter() + deadline_s if deadline_s is not None else None
-        res = generate_block(
-            self.lm.logits_fn, self._prompt(user_text, history), self.lm.special, self.options(deadline, **overrides),
-            should_stop=cancel.is_set if cancel else None,
-        )
+        stop = cancel.is_set if cancel else None
+        prompt = self._prompt(user_text, history)
+        if self.blocks is not None:
+            res = self.blocks.generate(prompt, self.block_options(deadline, **overrides), should_stop=stop)
+        else:
+            res = generate_block(self.lm.logits_fn, prompt, self.lm.special, self.options(deadline, **overrides),
+                                 should_stop=stop)
         return self._reply(res, user_text)
 
     def generate_batch(self, texts: list[str], deadline_s: float | None = None, **overrides: object) -> list[Reply]:
+        if self.blocks is not None:  # one call at a time; each gets the whole budget
+            return [self.generate(t, deadline_s=deadline_s, **overrides) for t in texts]
         deadline = time.perf_counter() + deadline_s if deadline_s is not None else None
         res = generate_blocks(
             self.lm.logits_fn, [self._prompt(t) for t in texts], self.lm.special, self.options(deadline, **overrides)
@@ -110,6 +137,8 @@ class Responder:
         pass budget scaled to their share of the block. The end token and the padding after it
         count as one outcome, "the reply ends here", as in the decoder: if the end token is
         re-masked, so is everything after it, and the reply may grow."""
+        if self.blocks is not None:  # blocks are decoded left to right from the prompt: nothing to keep
+            return self.generate(user_text, history, deadline_s, cancel)
         deadline = time.perf_counter() + deadline_s if deadline_s is not None else None
         prompt = self._prompt(user_text, history)
         sp = self.lm.special
@@ -161,7 +190,7 @@ class Responder:
         """Async and cancellable: cancelling the awaiting task stops the worker at the next
         denoising pass (torch cannot be interrupted mid-pass)."""
         cancel = threading.Event()
-        if prev is not None:
+        if prev is not None and self.blocks is None:
             fut = asyncio.to_thread(self.redenoise, prev, user_text, history, deadline_s=deadline_s, cancel=cancel)
         else:
             fut = asyncio.to_thread(self.generate, user_text, history, deadline_s, cancel)

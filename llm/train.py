@@ -2,6 +2,10 @@
 
     python -m llm.train --arch mdlm --minutes 60 --out llm/weights/mdlm
     python -m llm.train --arch ar   --minutes 60 --out llm/weights/ar --tokenizer llm/weights/mdlm
+    python -m llm.train --arch bdlm --minutes 60 --out llm/weights/bdlm --tokenizer llm/weights/ar \
+        --init llm/weights/ar --sgd
+
+BDLM objective (block diffusion adapted from the AR baseline): see `llm.block_lm`.
 
 MDLM objective: only the reply block is masked, at rate t ~ U(0, 1), and the loss on masked
 positions is weighted by 1/t. Collapse to end/pad predictions (measured here on a short run)
@@ -24,9 +28,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from llm import block_lm
 from llm.architectures import new_ar, new_mdlm
-from llm.data import Pair, all_pairs, split_pairs
+from llm.data import Pair, all_pairs, sgd_pairs, split_pairs
 from llm.persona import persona_pairs
+from llm.quality import repeats
 from llm.tokenizer import ChatTokenizer, train_tokenizer
 
 PROMPT_LEN = 32
@@ -117,7 +123,7 @@ def save(model: torch.nn.Module, tok: ChatTokenizer, out: Path, meta: dict) -> N
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arch", choices=["mdlm", "ar"], required=True)
+    ap.add_argument("--arch", choices=["mdlm", "ar", "bdlm"], required=True)
     ap.add_argument("--minutes", type=float, default=60.0, help="wall-clock training budget")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tokenizer", type=Path, help="reuse this tokenizer (so both models share it)")
@@ -131,6 +137,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="seed of the data order only (default --seed); a continued run sets a new one so it does not "
                          "replay the batches of the run it continues, while the held-out split stays fixed")
     ap.add_argument("--extra-persona", type=int, default=0, help="extra copies of the generated call persona slice")
+    ap.add_argument("--sgd", action="store_true", help="add the Schema-Guided Dialogue pairs (llm/corpus) to training")
+    ap.add_argument("--blocks", default="8,16", help="bdlm: block sizes, one drawn per batch")
+    ap.add_argument("--ar-weight", type=float, default=0.5, help="bdlm: weight of the clean copy's AR loss")
     ap.add_argument("--max-steps", type=int, help="stop after this many optimizer steps (to match another run)")
     ap.add_argument("--init", type=Path, help="continue from the weights in this directory")
     ap.add_argument("--checkpoint-minutes", type=float, default=10.0)
@@ -151,6 +160,10 @@ def main(argv: list[str] | None = None) -> None:
         held_prompts = {p.prompt for p in held}
         extra = persona_pairs(args.seed + 1, copies=args.extra_persona)
         train_pairs += [p for p in extra if p.prompt not in held_prompts]
+    if args.sgd:
+        train_pairs += sgd_pairs()
+    if args.arch == "bdlm":
+        train_pairs = [p for p in train_pairs if not repeats(p.response)]
     if args.tokenizer:
         tok = ChatTokenizer.load(args.tokenizer)
     else:
@@ -160,6 +173,11 @@ def main(argv: list[str] | None = None) -> None:
     tok.save(args.out)
     data = encode_pairs(tok, train_pairs)
     model = new_mdlm(tok) if args.arch == "mdlm" else new_ar(tok)
+    blocks = [int(b) for b in args.blocks.split(",")]
+    if args.arch == "bdlm":
+        if any(block_lm.REPLY_LEN % b for b in blocks):
+            raise SystemExit(f"--blocks must divide {block_lm.REPLY_LEN}")
+        model.config.block_diffusion = {"blocks": blocks, "reply_len": block_lm.REPLY_LEN}
     if args.init:
         from safetensors.torch import load_file
 
@@ -192,6 +210,12 @@ def main(argv: list[str] | None = None) -> None:
             if args.arch == "mdlm":
                 batch = mdlm_batch(tok, items, gen, args.pad_weight)
                 loss = mdlm_loss(model, batch, float(sum(len(it.reply) for it in items)))
+            elif args.arch == "bdlm":
+                sp = tok.special
+                bb = block_lm.make_batch(
+                    [block_lm.Example(it.prompt, it.reply) for it in items], rng.choice(blocks),
+                    sp.mask, sp.pad, sp.eot, gen)
+                loss = block_lm.loss(model, bb, args.ar_weight)
             else:
                 ids, attn, labels = ar_batch(tok, items)
                 loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
@@ -211,7 +235,9 @@ def main(argv: list[str] | None = None) -> None:
             "train_pairs": len(data), "extra_persona": args.extra_persona, "init": str(args.init or ""),
             "heldout": HELDOUT, "prompt_len": PROMPT_LEN, "block_len": BLOCK_LEN,
             "loss_curve": [round(sum(c) / len(c), 4) for c in (losses[i : i + 100] for i in range(0, step, 100))],
-            "data": ["chitchat-dataset 0.9.0 (MIT)", "chatterbot-corpus 1.3.3 (BSD)", "llm.persona (generated)"],
+            "data": ["chitchat-dataset 0.9.0 (MIT)", "chatterbot-corpus 1.3.3 (BSD)", "llm.persona (generated)"]
+            + (["Schema-Guided Dialogue (CC BY-SA 4.0), llm/corpus/sgd_pairs.jsonl.gz"] if args.sgd else []),
+            **({"blocks": blocks, "ar_weight": args.ar_weight} if args.arch == "bdlm" else {}),
         }
         if time.monotonic() - last_ckpt > args.checkpoint_minutes * 60:
             save(model, tok, args.out, meta)

@@ -15,7 +15,10 @@ from pipelines.config import AgentConfig, ConfigError, load_config
 from voice.audio import AudioInputError
 
 # Modules that add their own subcommands through `register(subparsers)`.
-PLUGIN_COMMANDS = ("pipelines.report_view", "pipelines.serve_sip", "pipelines.serve_webrtc", "pipelines.serve_livekit")
+PLUGIN_COMMANDS = (
+    "pipelines.report_view", "pipelines.reply_cli", "pipelines.serve_sip", "pipelines.serve_webrtc",
+    "pipelines.serve_livekit",
+)
 
 
 def apply_mqtt_url(cfg: AgentConfig, url: str | None) -> None:

@@ -1,0 +1,160 @@
+"""Decoding a block diffusion LM (`llm.block_lm`): blocks left to right, each denoised in
+parallel, finished blocks cached.
+
+For each block of ``block`` positions, all masks at first:
+
+- a pass runs the block against the cached keys and values of the prompt and the finished
+  blocks (bidirectional inside the block); the first position is scored by the last
+  finished position, the others by the position before them (shifted, as in training);
+- every masked position whose most likely token has probability >= ``tau`` is committed,
+  and always at least the most confident one (Fast-dLLM's threshold rule): a confident
+  model fills a block in one or two passes, an unsure one falls back to one token a pass,
+  which is AR decoding;
+- ``no_adjacent_repeat``: a position never takes the token committed right before it, so
+  parallel commits cannot stutter ("I I", "the the");
+- the reply ends at the first end-of-turn token with nothing masked before it;
+- a finished block enters the cache in the same forward pass as the next block's first
+  denoising pass (its rows causal, the new block's rows seeing it), so caching costs no
+  pass of its own;
+- anytime: when the wall-clock ``deadline`` has passed, each pass fills all of its block's
+  masks at once, so a late reply still ends within one pass per remaining block;
+- ``max_passes`` caps the passes a block gets (the last one fills what is left).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, GPT2LMHeadModel
+
+from llm.decoder import BlockResult, DecodeCancelled, DecodeStats, SpecialTokens
+
+
+@dataclass(frozen=True)
+class BlockOptions:
+    block: int = 8
+    tau: float = 0.9
+    max_passes: int = 8  # per block
+    max_tokens: int = 32
+    no_adjacent_repeat: bool = True
+    deadline: float | None = None  # absolute time.perf_counter() value
+
+    def __post_init__(self) -> None:
+        if self.block < 1 or self.max_passes < 1 or self.max_tokens < 1:
+            raise ValueError("block, max_passes and max_tokens must be positive")
+        if not 0.0 < self.tau <= 1.0:
+            raise ValueError("tau must be in (0, 1]")
+
+
+class BlockDiffusionDecoder:
+    def __init__(self, model: GPT2LMHeadModel, special: SpecialTokens) -> None:
+        self.model = model.eval()
+        self.special = special
+        self._never = torch.tensor(sorted({special.mask, special.pad, *special.forbidden}))
+
+    def _forward(self, ids: list[int], start_pos: int, cache: DynamicCache, causal_rows: int) -> torch.Tensor:
+        """Runs ``ids`` at positions ``start_pos...`` against ``cache``; the first
+        ``causal_rows`` rows are causal (a finished block entering the cache), the rest see
+        each other and those rows. Returns the hidden states [len(ids), H]."""
+        q, past = len(ids), cache.get_seq_length()
+        mask = torch.ones((1, 1, q, past + q), dtype=torch.bool)
+        if causal_rows:
+            mask[0, 0, :causal_rows, past : past + causal_rows] = torch.tril(
+                torch.ones((causal_rows, causal_rows), dtype=torch.bool))
+            mask[0, 0, :causal_rows, past + causal_rows :] = False
+        out = self.model.transformer(
+            input_ids=torch.tensor([ids]), attention_mask=mask,
+            position_ids=torch.arange(start_pos, start_pos + q)[None], cache=cache, use_cache=True,
+        )
+        return out.last_hidden_state[0]
+
+    def _probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.model.lm_head(hidden).float()
+        logits[:, self._never] = float("-inf")
+        return logits.softmax(-1)
+
+    @torch.no_grad()
+    def generate(
+        self, prompt: list[int], opts: BlockOptions, should_stop: Callable[[], bool] | None = None
+    ) -> BlockResult:
+        sp, b = self.special, opts.block
+        ends = set(sp.end_ids)
+        t0 = time.perf_counter()
+        stats = DecodeStats()
+        cache = DynamicCache()
+        h = self._forward(prompt, 0, cache, causal_rows=len(prompt))
+        first = self._probs(h[-1:])[0]  # scores the next block's first position
+        stats.steps += 1
+        stats.step_times.append(time.perf_counter() - t0)
+        out: list[int] = []
+        conf: list[float] = []
+        pending: list[int] = []  # a finished block not yet in the cache
+        ended = False
+        while not ended and len(out) < opts.max_tokens:
+            n = min(b, opts.max_tokens - len(out))
+            block: list[int | None] = [None] * n
+            bconf = [0.0] * n
+            for pass_no in range(opts.max_passes):
+                if should_stop is not None and should_stop():
+                    raise DecodeCancelled()
+                ts = time.perf_counter()
+                ids = pending + [sp.mask if t is None else t for t in block]
+                hb = self._forward(ids, len(prompt) + len(out) - len(pending), cache, causal_rows=len(pending))
+                cache.crop(-n)  # keep the finished block, drop the noisy one
+                if pending:
+                    first = self._probs(hb[len(pending) - 1 : len(pending)])[0]
+                    pending = []
+                    hb = hb[-n:]
+                else:
+                    hb = hb[-n:]
+                probs = torch.cat([first[None], self._probs(hb[:-1])]) if n > 1 else first[None]
+                late = opts.deadline is not None and time.perf_counter() >= opts.deadline
+                fill_all = late or pass_no == opts.max_passes - 1
+                self._commit(block, bconf, probs, opts, fill_all, out[-1] if out else None)
+                stats.steps += 1
+                stats.tokens_per_step.append(sum(t is not None for t in block))
+                stats.step_times.append(time.perf_counter() - ts)
+                stats.deadline_hit |= late
+                end_at = next((i for i, t in enumerate(block) if t in ends), None)
+                if end_at is not None and all(t is not None for t in block[:end_at]):
+                    out += [t for t in block[:end_at] if t is not None]
+                    conf += bconf[:end_at]
+                    ended = True
+                    break
+                if all(t is not None for t in block):
+                    done = [t for t in block if t is not None]
+                    out += done
+                    conf += bconf
+                    pending = done
+                    break
+        stats.total_s = time.perf_counter() - t0
+        return BlockResult(ids=out, block=out + ([sp.eot] if ended else []), confidence=conf, ended=ended, stats=stats)
+
+    def _commit(
+        self, block: list[int | None], bconf: list[float], probs: torch.Tensor, opts: BlockOptions, fill_all: bool,
+        before: int | None,
+    ) -> None:
+        """Commits masked positions in place, most confident first: those at or above
+        ``tau`` (all if ``fill_all``), and at least one. Each is picked against the
+        neighbours committed so far, so two positions filled in one pass cannot repeat."""
+        top_p, top_t = probs.topk(2, -1)
+        ends = self.special.end_ids
+
+        def pick(i: int) -> tuple[int, float]:
+            left = block[i - 1] if i > 0 else before
+            right = block[i + 1] if i + 1 < len(block) else None
+            for k in range(2):
+                t = int(top_t[i, k])
+                if not opts.no_adjacent_repeat or t in ends or t not in (left, right):
+                    return t, float(top_p[i, k])
+            return int(top_t[i, 1]), float(top_p[i, 1])
+
+        open_at = sorted((i for i, t in enumerate(block) if t is None), key=lambda i: -float(top_p[i, 0]))
+        for n, i in enumerate(open_at):
+            t, p = pick(i)
+            if n and not fill_all and p < opts.tau:
+                continue
+            block[i], bconf[i] = t, p
