@@ -122,6 +122,10 @@ class CallSession:
         self._specs: list[Speculation] = []
         self._responding: asyncio.Task[None] | None = None
         self._playing: TurnRecord | None = None
+        # a turn whose reply is all queued but still playing: its one `turn` event goes out
+        # when the caller has heard it to the end, or at barge-in, or when the call ends
+        self._unannounced: TurnRecord | None = None
+        self._announced: set[int] = set()  # id() of the turns whose event went out
         self._bg: set[asyncio.Task[Any]] = set()
         self.turn_end = TurnEndOpinions(
             lambda: self.engines.responder, cfg.turn.lm_end_of_turn, self._spawn, self._on_evidence
@@ -143,6 +147,8 @@ class CallSession:
             self._specs.clear()
             if self.utt is not None and self.utt not in self.turns and self.utt.transcript:
                 self.turns.append(self.utt)
+            if self._unannounced is not None:
+                self._announce(self._unannounced, self.clock.now())
             self.bus.emit(SessionEnd(self.session_id, self.clock.now(), reason=reason, turns=len(self.turns)))
         return self.report()
 
@@ -216,6 +222,7 @@ class CallSession:
         self._frame_t = frame.timestamp  # the preroll ends here: this frame is buffered after the VAD
         if isinstance(self.clock, AudioClock):
             self.clock.t = max(self.clock.t, frame.end)
+        self._announce_if_heard()
         if len(pcm) == 0:
             return
         f16 = AudioFrame(pcm, ASR_RATE, frame.timestamp)
@@ -257,6 +264,8 @@ class CallSession:
             # The caller went on before our reply was heard: the endpoint was premature.
             # Take the reply back (including audio already queued) and continue the same turn.
             self._cancel_response()
+            if self._unannounced is self.utt:
+                self._unannounced = None  # the turn goes on: not final yet
             if self._playing is self.utt:
                 self.output.interrupt()
                 self._playing = None
@@ -758,7 +767,23 @@ class CallSession:
         if self._playing is utt:
             self._play(np.zeros(0, dtype=np.int16), last=True)  # flush the resampler's tail
         utt.agent_audio_end_s = self.output.busy_until()
-        self.bus.emit(TurnCompleted(self.session_id, self.clock.now(), report=utt.to_dict()))
+        if self._unannounced is not None and self._unannounced is not utt:
+            self._announce(self._unannounced, self.clock.now())
+        self._unannounced = utt
+        self._announce_if_heard()
+
+    def _announce_if_heard(self) -> None:
+        u = self._unannounced
+        if u is not None and u.agent_audio_end_s is not None and self.clock.now() >= u.agent_audio_end_s:
+            self._announce(u, u.agent_audio_end_s)
+
+    def _announce(self, turn: TurnRecord, t: float) -> None:
+        """The turn is final: its one `turn` event, with what the caller heard."""
+        if self._unannounced is turn:
+            self._unannounced = None
+        if id(turn) not in self._announced:
+            self._announced.add(id(turn))
+            self.bus.emit(TurnCompleted(self.session_id, t, report=turn.to_dict()))
 
     async def _play_fallback(self, utt: TurnRecord) -> float | None:
         text = self.cfg.turn.fallback_text
@@ -807,7 +832,9 @@ class CallSession:
         if self.history and self.history[-1][0] == turn.transcript:
             self.history[-1] = (turn.transcript, turn.heard_response)
         self.bus.emit(Interrupt(self.session_id, t, turn=turn.index, heard_text=turn.heard_response))
-        self.bus.emit(TurnCompleted(self.session_id, t, report=turn.to_dict()))
+        if self._unannounced is not None and self._unannounced is not turn:
+            self._announce(self._unannounced, t)
+        self._announce(turn, t)
 
     def _cancel_response(self) -> None:
         if self._responding is not None and not self._responding.done():

@@ -1,7 +1,8 @@
 """A real call through the real Agent, with a real mosquitto, Prometheus and the timeline.
 
-One scenario (the agent loads once): two recorded utterances replayed as one call, then a
-live session driven only by MQTT control messages. The tests check what came out of it:
+One scenario (the agent loads once): three recorded utterances replayed as one call, the
+second barging in on the reply to the first, then a live session driven only by MQTT
+control messages. The tests check what came out of it:
 the turn events on the broker, the metric values against the call report, the control
 replies and their effect on the session, and the timeline picture of the call.
 """
@@ -38,14 +39,16 @@ pytestmark = [
 LIVE = "live-1"
 
 
-def two_utterances(path: Path) -> None:
-    """Two real LibriVox sentences with a 2.5 s pause between them: two caller turns."""
+def call_with_barge_in(path: Path) -> None:
+    """Real LibriVox sentences as caller turns: the second starts 0.9 s after the first ends,
+    while the agent's reply is still playing (a barge-in); the third after a 2.5 s pause."""
     from voice.audio import read_wav, resample, write_wav
 
+    clips = {c.path.stem[-4:]: c for c in librivox()}
     parts = []
-    for clip in [c for c in librivox() if c.path.stem.endswith(("0880", "0890"))]:
-        pcm, rate = read_wav(clip.path)
-        parts += [resample(pcm, rate, 16000), np.zeros(40000, np.int16)]
+    for stem, pause_s in (("0880", 0.9), ("0890", 2.5), ("0880", 2.5)):
+        pcm, rate = read_wav(clips[stem].path)
+        parts += [resample(pcm, rate, 16000), np.zeros(int(pause_s * 16000), np.int16)]
     write_wav(path, np.concatenate(parts), 16000)
 
 
@@ -55,7 +58,7 @@ async def scenario(tmp: Path) -> dict[str, Any]:
     from voice.transports.replay import TimelineOutput
 
     wav = tmp / "call.wav"
-    two_utterances(wav)
+    call_with_barge_in(wav)
     out: dict[str, Any] = {}
     with running_mosquitto() as broker:
         cfg = AgentConfig()
@@ -144,13 +147,18 @@ def test_turn_events_of_a_replayed_call_arrive(call: dict[str, Any]) -> None:
     kinds = [k for k, _ in evs]
     assert kinds[0] == "session/start" and kinds[-1] == "session/end"
     assert all(d["version"] == 1 and d["session_id"] == sid for _, d in evs)
-    answered = [t for t in report["turns"] if t.get("agent_audio_start_s") is not None and not t.get("interrupted")]
+    answered = [t for t in report["turns"] if t.get("agent_audio_start_s") is not None]
     assert answered, "the agent answered no turn of the replayed call"
+    assert any(t.get("interrupted") for t in answered), "the second utterance did not barge in"
+    # exactly one turn event per turn, sent when the turn is final: heard to the end or interrupted
     turn_events = [d["report"] for k, d in evs if k == "turn"]
     assert [t["transcript"] for t in turn_events] == [t["transcript"] for t in answered]
+    assert kinds.count("interrupt") == sum(1 for t in answered if t.get("interrupted"))
     for published, final in zip(turn_events, answered, strict=True):
         assert published["gap_ms"] == final["gap_ms"] and published["stages"] == final["stages"]
         assert published["speculation"]["hit"] == final["speculation"]["hit"]
+        assert published["interrupted"] == final["interrupted"]
+        assert published["heard_response"] == final["heard_response"]
     assert kinds.count("violation") == report["summary"]["violations"]
     assert kinds.count("endpoint") >= len(report["turns"])
     # Every event the bus carried arrived, except partials over the rate limit.
@@ -172,7 +180,7 @@ def test_metrics_match_the_call_report(call: dict[str, Any]) -> None:
         for s in fam.samples
     }
     rp = (("transport", "replay"),)
-    answered = [t for t in report["turns"] if t.get("gap_ms") is not None and not t.get("interrupted")]
+    answered = [t for t in report["turns"] if t.get("gap_ms") is not None]
     assert m[("voice_agent_turns_total", rp)] == len(answered)
     assert m[("voice_agent_e2e_latency_seconds_count", rp)] == len(answered)
     assert m[("voice_agent_e2e_latency_seconds_sum", rp)] == pytest.approx(sum(t["gap_ms"] for t in answered) / 1000)
