@@ -137,24 +137,36 @@ class BlockDiffusionDecoder:
         self, block: list[int | None], bconf: list[float], probs: torch.Tensor, opts: BlockOptions, fill_all: bool,
         before: int | None,
     ) -> None:
-        """Commits masked positions in place, most confident first: those at or above
-        ``tau`` (all if ``fill_all``), and at least one. Each is picked against the
-        neighbours committed so far, so two positions filled in one pass cannot repeat."""
-        top_p, top_t = probs.topk(2, -1)
+        """Commits masked positions in place: the leftmost open one (so an unsure model
+        decodes left to right, as the AR model it came from), plus every other at or above
+        ``tau`` (all if ``fill_all``), most confident first. Each is picked against the
+        neighbours committed so far, so two positions filled in one pass cannot repeat. An
+        end token is taken only at the leftmost open position: the reply's length is decided
+        left to right, and a block cannot collapse backwards from ends committed at its far
+        side."""
+        top_p, top_t = probs.topk(4, -1)
         ends = self.special.end_ids
+        open_at = [i for i, t in enumerate(block) if t is None]
+        leftmost = open_at[0]
 
         def pick(i: int) -> tuple[int, float]:
             left = block[i - 1] if i > 0 else before
             right = block[i + 1] if i + 1 < len(block) else None
-            for k in range(2):
+            for k in range(top_t.shape[1]):
                 t = int(top_t[i, k])
-                if not opts.no_adjacent_repeat or t in ends or t not in (left, right):
+                if t in ends:
+                    if i == leftmost:
+                        return t, float(top_p[i, k])
+                elif not opts.no_adjacent_repeat or t not in (left, right):
                     return t, float(top_p[i, k])
-            return int(top_t[i, 1]), float(top_p[i, 1])
+            return int(top_t[i, -1]), float(top_p[i, -1])
 
-        open_at = sorted((i for i, t in enumerate(block) if t is None), key=lambda i: -float(top_p[i, 0]))
-        for n, i in enumerate(open_at):
+        t, p = pick(leftmost)
+        block[leftmost], bconf[leftmost] = t, p
+        if t in ends:  # the reply ends here: nothing after it is needed
+            return
+        rest = sorted(open_at[1:], key=lambda i: -pick(i)[1])
+        for i in rest:
             t, p = pick(i)
-            if n and not fill_all and p < opts.tau:
-                continue
-            block[i], bconf[i] = t, p
+            if fill_all or p >= opts.tau:
+                block[i], bconf[i] = t, p

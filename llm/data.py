@@ -17,18 +17,10 @@ import json
 import os
 import random
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
+from llm.pair import Pair
 from llm.persona import persona_pairs
-
-
-@dataclass(frozen=True)
-class Pair:
-    prompt: str
-    response: str
-    source: str
-
 
 _WS = re.compile(r"\s+")
 

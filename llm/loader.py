@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
+from llm.config import LlmConfig
 from llm.decoder import LogitsFn, SpecialTokens
 from llm.tokenizer import EOT, MASK, ChatTokenizer
-from pipelines.config import LlmConfig
 
 EMBEDDED = Path(__file__).parent / "weights" / "bdlm"  # the default reply model
 EMBEDDED_MDLM = Path(__file__).parent / "weights" / "mdlm"

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+from llm.pair import Pair
+
 _GREET_IN = [
     "hello", "hi", "hi there", "hey", "good morning", "good afternoon", "good evening",
     "hello is anyone there", "hi who am I speaking with", "hello who is this",
@@ -102,9 +104,7 @@ def _surface(text: str, rng: random.Random) -> str:
     return t
 
 
-def persona_pairs(seed: int = 0, copies: int = 40) -> list:
-    from llm.data import Pair
-
+def persona_pairs(seed: int = 0, copies: int = 40) -> list[Pair]:
     rng = random.Random(seed)
     out = []
     for ins, outs in _GROUPS:

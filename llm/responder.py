@@ -23,10 +23,10 @@ from dataclasses import dataclass, fields
 import torch
 
 from llm.block_decoder import BlockDiffusionDecoder, BlockOptions
+from llm.config import LlmConfig
 from llm.decoder import BlockResult, DecodeOptions, DecodeStats, generate_block, generate_blocks
 from llm.loader import EMBEDDED_MDLM, LoadedLM, load_lm
 from llm.turn_end import PROBE_FILE, TurnEndProbe
-from pipelines.config import LlmConfig
 
 
 @dataclass

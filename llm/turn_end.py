@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
+from llm.config import LlmConfig
 from llm.loader import LoadedLM, load_lm
-from pipelines.config import LlmConfig
 
 PROBE_FILE = "turn_end.json"
 _TRAIL = re.compile(r"[\s.?!,;:…-]+$")

@@ -5,30 +5,19 @@ hang-up, DTMF, budget violations) is one of these events. Subscribers (the repor
 Prometheus, the WebRTC page) each get their own bounded queue, so a slow subscriber can
 never block the audio path: when its queue is full the event is dropped *for that
 subscriber* and counted.
+
+The `Event` base (and `SCHEMA_VERSION`) live in `voice.events`, where the transports that
+forward events can reach them; both names stay importable from here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 1
-
-
-@dataclass
-class Event:
-    session_id: str
-    t: float  # seconds on the call timeline
-    kind: str = field(init=False, default="event")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["type"] = self.kind
-        d["version"] = SCHEMA_VERSION
-        d["wall_time"] = time.time()
-        return d
+from voice.events import SCHEMA_VERSION as SCHEMA_VERSION
+from voice.events import Event
 
 
 @dataclass

@@ -19,11 +19,11 @@ import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from pipelines.report_view import (  # noqa: E402
+from pipelines.budgets import STAGES  # noqa: E402
+from pipelines.report_data import (  # noqa: E402
     OVER,
     STAGE_COLORS,
     STAGE_LABELS,
-    STAGES,
     _num,
     _short,
     budgets_of,

@@ -16,85 +16,15 @@ turns so that the stage that ate the budget is the first thing one sees:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pipelines.budgets import BUDGET_KEYS, STAGES
-from pipelines.config import BudgetConfig
-
-STAGE_LABELS = {
-    "vad_endpoint": "end of turn",
-    "asr_final": "ASR final",
-    "llm_block": "LLM block",
-    "tts_first_audio": "TTS first audio",
-    "output": "output",
-}
-STAGE_COLORS = {
-    "vad_endpoint": "#4C72B0",
-    "asr_final": "#8172B2",
-    "llm_block": "#DD8452",
-    "tts_first_audio": "#55A868",
-    "output": "#937860",
-}
-OVER = "#D62728"
-
-
-class ReportError(ValueError):
-    """The report file cannot be read or is not a call report."""
-
-
-def load_report(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ReportError(f"report not found: {p}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReportError(f"cannot read {p}: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ReportError(f"{p} is not JSON: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("turns"), list):
-        raise ReportError(f"{p} is not a call report: no turns[] list (write one with `voice-agent replay`)")
-    if not all(isinstance(t, dict) for t in data["turns"]):
-        raise ReportError(f"{p}: every element of turns[] must be an object")
-    return data
-
-
-def budgets_of(report: dict[str, Any]) -> dict[str, float]:
-    """Stage budgets in ms, plus ``target``: the call's config if the report has it, else the defaults."""
-    cfg = ((report.get("call") or {}).get("config") or {}).get("budgets")
-    try:
-        b = BudgetConfig.model_validate(cfg) if isinstance(cfg, dict) else BudgetConfig()
-    except ValueError:
-        b = BudgetConfig()
-    out = {stage: float(getattr(b, key)) for stage, key in BUDGET_KEYS.items()}
-    out["target"] = float(b.target_gap_ms)
-    return out
-
-
-def turn_budgets(turn: dict[str, Any], budgets: dict[str, float]) -> dict[str, float]:
-    """A budget changed mid-call (MQTT config/budgets) shows in the turn's own violations."""
-    out = dict(budgets)
-    for v in turn.get("violations") or []:
-        if isinstance(v, dict) and v.get("stage") in out and _num(v.get("budget_ms")) is not None:
-            out[v["stage"]] = float(v["budget_ms"])
-    return out
-
-
-def _num(x: Any) -> float | None:
-    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
-
-
-def _short(text: Any, n: int = 60) -> str:
-    s = " ".join(str(text or "").split())
-    return s if len(s) <= n else s[: n - 1] + "…"
-
+from pipelines.budgets import STAGES
+from pipelines.report_data import ReportError, _num, _short, budgets_of, load_report, turn_budgets
 
 # -- table ---------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """``voice-agent livekit dev|start``: run the agent as a livekit-agents worker.
 
 The worker registers with a LiveKit server; for each room it is dispatched to, a job joins
-the room and runs our pipeline for one caller at a time (voice/transports/livekit_room.py).
+the room and runs our pipeline for one caller at a time (`entrypoint` here; the room transport
+is voice/transports/livekit_room.py).
 ``dev`` is development mode (colored debug logs, no load limit, no idle job processes kept
 warm); ``start`` is production mode. Connection settings: ``--url/--api-key/--api-secret``,
 else ``livekit.url/api_key/api_secret`` in the config, else ``LIVEKIT_URL``,
@@ -11,15 +12,20 @@ else ``livekit.url/api_key/api_secret`` in the config, else ``LIVEKIT_URL``,
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import os
 import sys
 from typing import Any
 
 from pipelines.config import AgentConfig, ConfigError, load_config
 
+log = logging.getLogger(__name__)
+
 # Loading Whisper, the LM and Piper takes 5-20 s on a busy 2-core machine; livekit-agents'
 # default allows 10 s before it kills a job process that is still starting.
 PROCESS_START_TIMEOUT_S = 180.0
+CONFIG_ENV = "VOICE_AGENT_CONFIG_JSON"  # the worker's config, inherited by its job processes
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -80,11 +86,65 @@ def configure(args: argparse.Namespace, environ: dict[str, str] | None = None) -
     return cfg
 
 
+# the livekit-agents job: runs in each job process the worker spawns
+
+
+def job_config() -> AgentConfig:
+    raw = os.environ.get(CONFIG_ENV)
+    return AgentConfig.model_validate_json(raw) if raw else AgentConfig()
+
+
+def prewarm(proc: Any) -> None:
+    """livekit-agents ``setup_fnc``: each job process loads the engines once, before any job."""
+    from pipelines.agent import load_engines
+
+    cfg = job_config()
+    proc.userdata["config"] = cfg
+    proc.userdata["engines"] = load_engines(cfg)
+
+
+async def entrypoint(ctx: Any) -> None:
+    """livekit-agents job: join the room, talk to one caller at a time until the room closes."""
+    from livekit.agents import AutoSubscribe
+
+    from pipelines.agent import Agent, load_engines
+    from voice.transports.livekit_room import RoomAgent
+
+    cfg = ctx.proc.userdata.get("config") or job_config()
+    engines = ctx.proc.userdata.get("engines") or await asyncio.to_thread(load_engines, cfg)
+    agent = Agent(cfg, engines)
+    await ctx.connect(auto_subscribe=AutoSubscribe.AUDIO_ONLY)
+    room_agent = RoomAgent(
+        ctx.room,
+        agent,
+        participant=cfg.livekit.participant,
+        asr_rate=cfg.audio.asr_rate,
+        buffer_s=cfg.output.buffer_ms / 1000,
+        rejoin_grace_s=cfg.livekit.rejoin_grace_s,
+    )
+    bridge = None
+    if cfg.mqtt.host:
+        try:
+            from pipelines.mqtt import start_mqtt
+
+            bridge = await start_mqtt(agent, cfg.mqtt)
+        except ImportError:
+            log.warning("MQTT requested but pipelines.mqtt is not available")
+
+    async def _shutdown(reason: str) -> None:
+        await room_agent.aclose()
+        if bridge is not None:
+            await bridge.close()
+
+    ctx.add_shutdown_callback(_shutdown)
+    await room_agent.start()
+    log.info("joined room %s", ctx.room.name)
+    await room_agent.closed.wait()
+
+
 def build_server(cfg: AgentConfig, agent_name: str = "", dev: bool = False) -> Any:
     """An ``AgentServer`` whose job processes load our engines once and run `entrypoint`."""
     from livekit.agents import AgentServer
-
-    from voice.transports.livekit_room import CONFIG_ENV, entrypoint, prewarm
 
     os.environ[CONFIG_ENV] = cfg.model_dump_json()  # job processes are spawned: they read it back
     kwargs: dict[str, Any] = {

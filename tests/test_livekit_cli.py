@@ -11,8 +11,16 @@ from pathlib import Path
 import pytest
 
 from pipelines.config import ConfigError
-from pipelines.serve_livekit import PROCESS_START_TIMEOUT_S, build_server, configure, register
-from voice.transports.livekit_room import CONFIG_ENV, entrypoint, job_config, prewarm
+from pipelines.serve_livekit import (
+    CONFIG_ENV,
+    PROCESS_START_TIMEOUT_S,
+    build_server,
+    configure,
+    entrypoint,
+    job_config,
+    prewarm,
+    register,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 

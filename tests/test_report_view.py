@@ -17,8 +17,9 @@ import pytest
 from PIL import Image
 from rich.console import Console
 
+from pipelines.report_data import STAGE_COLORS, ReportError, load_report
 from pipelines.report_plot import plot_timeline
-from pipelines.report_view import STAGE_COLORS, ReportError, load_report, render_table
+from pipelines.report_view import render_table
 
 ROOT = Path(__file__).resolve().parents[1]
 

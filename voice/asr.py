@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipelines.config import AsrConfig
+from voice.asr_config import AsrConfig
 
 if TYPE_CHECKING:
     from voice.whisper_decoder import TorchWhisperDecoder

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.config import TtsConfig
+from voice.tts_config import TtsConfig
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _CLAUSE = re.compile(r"(?<=[,;:])\s+")

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 from livekit import rtc
 
-from pipelines.events import Event
-from pipelines.transport import Clock, RealtimeClock
 from voice.audio import AudioFrame, StreamResampler
+from voice.events import Event
+from voice.transports.base import Clock, RealtimeClock
 
 log = logging.getLogger(__name__)
 
@@ -375,63 +375,3 @@ class RoomAgent:
             self.output = None
         log.info("session with %s ended: %s", caller, reason)
 
-
-# the livekit-agents job
-
-CONFIG_ENV = "VOICE_AGENT_CONFIG_JSON"  # the worker's config, inherited by its job processes
-
-
-def job_config() -> Any:
-    import os
-
-    from pipelines.config import AgentConfig
-
-    raw = os.environ.get(CONFIG_ENV)
-    return AgentConfig.model_validate_json(raw) if raw else AgentConfig()
-
-
-def prewarm(proc: Any) -> None:
-    """livekit-agents ``setup_fnc``: each job process loads the engines once, before any job."""
-    from pipelines.agent import load_engines
-
-    cfg = job_config()
-    proc.userdata["config"] = cfg
-    proc.userdata["engines"] = load_engines(cfg)
-
-
-async def entrypoint(ctx: Any) -> None:
-    """livekit-agents job: join the room, talk to one caller at a time until the room closes."""
-    from livekit.agents import AutoSubscribe
-
-    from pipelines.agent import Agent, load_engines
-
-    cfg = ctx.proc.userdata.get("config") or job_config()
-    engines = ctx.proc.userdata.get("engines") or await asyncio.to_thread(load_engines, cfg)
-    agent = Agent(cfg, engines)
-    await ctx.connect(auto_subscribe=AutoSubscribe.AUDIO_ONLY)
-    room_agent = RoomAgent(
-        ctx.room,
-        agent,
-        participant=cfg.livekit.participant,
-        asr_rate=cfg.audio.asr_rate,
-        buffer_s=cfg.output.buffer_ms / 1000,
-        rejoin_grace_s=cfg.livekit.rejoin_grace_s,
-    )
-    bridge = None
-    if cfg.mqtt.host:
-        try:
-            from pipelines.mqtt import start_mqtt
-
-            bridge = await start_mqtt(agent, cfg.mqtt)
-        except ImportError:
-            log.warning("MQTT requested but pipelines.mqtt is not available")
-
-    async def _shutdown(reason: str) -> None:
-        await room_agent.aclose()
-        if bridge is not None:
-            await bridge.close()
-
-    ctx.add_shutdown_callback(_shutdown)
-    await room_agent.start()
-    log.info("joined room %s", ctx.room.name)
-    await room_agent.closed.wait()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipelines.transport import Clock
+from voice.transports.base import Clock
 
 
 class TimelineOutput:

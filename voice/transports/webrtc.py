@@ -32,9 +32,9 @@ from aiortc.mediastreams import MediaStreamError
 from aiortc.rtcrtpsender import RTCRtpSender
 from aiortc.sdp import SessionDescription
 
-from pipelines.events import Event
-from pipelines.transport import Clock, RealtimeClock
 from voice.audio import AudioFrame, StreamResampler
+from voice.events import Event
+from voice.transports.base import Clock, RealtimeClock
 
 log = logging.getLogger(__name__)
 

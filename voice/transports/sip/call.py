@@ -16,18 +16,17 @@ import time
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from pipelines.transport import RealtimeClock
+from voice.transports.base import AudioOutput, Clock, RealtimeClock
 
 from . import sdp
+from .config import SipConfig
 from .dtmf import DtmfError, parse_info_body
+from .media import CallMedia
 from .message import SipMessage, parse_cseq, parse_name_addr, parse_uri
 from .sdp import LocalSdp, MediaPlan
-from .transaction import Addr, ServerTransaction, new_branch
-
-if TYPE_CHECKING:
-    from .server import SipServer
+from .transaction import Addr, ServerTransaction, Timers, TransactionLayer, new_branch
 
 log = logging.getLogger("voice.sip")
 ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO"
@@ -57,9 +56,40 @@ class CallRecord:
     report: dict[str, Any] | None = None
 
 
+class SessionFactory(Protocol):
+    """`pipelines.agent.Agent` or anything that makes call sessions the same way."""
+
+    def new_session(self, output: AudioOutput, clock: Clock, transport: str, session_id: str | None = None) -> Any: ...
+
+
+class CallHost(Protocol):
+    """What a call needs from the server that routes its requests (`SipServer`)."""
+
+    agent: SessionFactory
+    config: SipConfig
+    timers: Timers
+    txns: TransactionLayer
+    reports_dir: str | Path | None
+    user_agent: str
+
+    def send(self, data: bytes, addr: Addr) -> None: ...
+
+    def local_ip_for(self, peer_ip: str) -> str: ...
+
+    def contact_for(self, local_ip: str) -> str: ...
+
+    def new_media(self, ip: str, clock: Clock) -> CallMedia: ...
+
+    def make_response(
+        self, req: SipMessage, status: int, source: Addr, to_tag: str | None = None, reason: str | None = None
+    ) -> SipMessage: ...
+
+    def call_finished(self, call: SipCall, record: CallRecord) -> None: ...
+
+
 class SipCall:
     def __init__(
-        self, server: SipServer, invite: SipMessage, addr: Addr, txn: ServerTransaction, offer: sdp.Session | None
+        self, server: CallHost, invite: SipMessage, addr: Addr, txn: ServerTransaction, offer: sdp.Session | None
     ) -> None:
         self.server = server
         self.invite = invite

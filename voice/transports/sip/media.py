@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from pipelines.transport import Clock
 from voice.audio import AudioFrame
+from voice.transports.base import Clock
 
 from .dtmf import DtmfDigit, DtmfError, DtmfReceiver
 from .jitter import JitterBuffer

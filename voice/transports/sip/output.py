@@ -14,7 +14,7 @@ from collections import deque
 
 import numpy as np
 
-from pipelines.transport import Clock
+from voice.transports.base import Clock
 
 RATE = 8000
 FRAME = 160  # 20 ms

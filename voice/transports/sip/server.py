@@ -17,13 +17,12 @@ import socket
 from collections import Counter, deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
 
-from pipelines.config import SipConfig
-from pipelines.transport import AudioOutput, Clock
+from voice.transports.base import Clock
 
 from . import sdp
-from .call import ALLOW, CallRecord, SipCall
+from .call import ALLOW, CallRecord, SessionFactory, SipCall
+from .config import SipConfig
 from .digest import DigestAuth
 from .media import CallMedia, PortPool
 from .message import (
@@ -43,12 +42,6 @@ log = logging.getLogger("voice.sip")
 USER_AGENT = "voice-agent/0.1"
 _CALL_ID = re.compile(r"^[\x21-\x7e]{1,256}$")
 Headers = tuple[tuple[str, str], ...]
-
-
-class SessionFactory(Protocol):
-    """`pipelines.agent.Agent` or anything that makes call sessions the same way."""
-
-    def new_session(self, output: AudioOutput, clock: Clock, transport: str, session_id: str | None = None) -> Any: ...
 
 
 class SipServer(asyncio.DatagramProtocol):
