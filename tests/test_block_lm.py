@@ -1,0 +1,112 @@
+"""Block diffusion: the decoder's cached passes see exactly what training showed the model,
+and its commit rules (leftmost first, ends only at the left, no adjacent repeats, tau,
+deadline, cancellation) hold. Real weights throughout (the AR baseline's network, which the
+block diffusion LM shares)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from transformers import DynamicCache, GPT2LMHeadModel
+
+from llm import block_lm
+from llm.ar import AR_WEIGHTS
+from llm.block_decoder import BlockDiffusionDecoder, BlockOptions
+from llm.decoder import DecodeCancelled, SpecialTokens
+from llm.tokenizer import ChatTokenizer
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def parts() -> tuple[GPT2LMHeadModel, ChatTokenizer, BlockDiffusionDecoder]:
+    model = GPT2LMHeadModel.from_pretrained(str(AR_WEIGHTS), dtype=torch.float32).eval()
+    tok = ChatTokenizer.load(AR_WEIGHTS)
+    sp = tok.special
+    return model, tok, BlockDiffusionDecoder(model, SpecialTokens(sp.mask, sp.eot, sp.pad, (sp.bos, sp.sep)))
+
+
+@torch.no_grad()
+def test_cached_pass_matches_the_training_layout(parts) -> None:  # noqa: ANN001
+    model, tok, dec = parts
+    sp, b = tok.special, 4
+    prompt = tok.prompt_ids("I'm calling about my order.", block_lm.PROMPT_LEN)
+    reply = tok.encode(" Sure, what is your order number?") + [sp.eot]
+    batch = block_lm.make_batch([block_lm.Example(prompt, reply)], b, sp.mask, sp.pad, sp.eot, torch.Generator())
+    # the noisy copy of block 1 (reply positions 4..7): positions 5 and 7 masked, 4 and 6 known
+    noisy = list(reply[4:8])
+    noisy[1] = noisy[3] = sp.mask
+    r0 = block_lm.PROMPT_LEN + block_lm.REPLY_LEN
+    batch.ids[0, r0 + 4 : r0 + 8] = torch.tensor(noisy)
+    hidden = model.transformer(input_ids=batch.ids, attention_mask=batch.attention,
+                               position_ids=batch.positions).last_hidden_state[0]
+    want = model.lm_head(hidden[block_lm.predictor_index(b)[4:8]])
+
+    cache = DynamicCache()
+    dec._forward(prompt, 0, cache, causal_rows=len(prompt))
+    hb = dec._forward(reply[:4] + noisy, len(prompt), cache, causal_rows=4)
+    got = model.lm_head(torch.cat([hb[3:4], hb[4:7]]))
+    assert torch.allclose(got, want, atol=1e-3), (got - want).abs().max()
+    assert cache.get_seq_length() == len(prompt) + 8  # the decoder crops the noisy rows after a pass
+
+
+def _probs(rows: list[dict[int, float]], vocab: int) -> torch.Tensor:
+    p = torch.full((len(rows), vocab), 1e-6)
+    for i, r in enumerate(rows):
+        for t, v in r.items():
+            p[i, t] = v
+    return p
+
+
+def test_commit_rules(parts) -> None:  # noqa: ANN001
+    _, tok, dec = parts
+    sp, v = tok.special, tok.vocab_size
+    opts = BlockOptions(block=4, tau=0.9)
+    a, c, d = 100, 101, 102
+    # leftmost is taken although unsure; a confident far position too; an unsure middle one waits
+    block: list[int | None] = [None] * 4
+    conf = [0.0] * 4
+    dec._commit(block, conf, _probs([{a: 0.3}, {c: 0.5}, {d: 0.95}, {sp.eot: 0.99}], v), opts, False, None)
+    assert block == [a, None, d, None]  # the end token at the far side is not taken
+    # an end token ends the reply only at the leftmost open position
+    block = [a, None, None, None]
+    dec._commit(block, conf, _probs([{}, {sp.eot: 0.6}, {c: 0.99}, {d: 0.99}], v), opts, False, None)
+    assert block == [a, sp.eot, None, None]
+    # two neighbours never take the same token: the second waits, or takes its second best
+    rows = [{a: 0.95}, {a: 0.97, c: 0.02}, {d: 0.5}, {d: 0.4}]
+    block = [None] * 4
+    dec._commit(block, conf, _probs(rows, v), opts, False, None)
+    assert block == [a, None, None, None]
+    block = [None] * 4
+    dec._commit(block, conf, _probs(rows, v), opts, True, None)
+    assert block[:2] == [a, c] and block[2] != block[3]
+    # fill_all (deadline or last pass) leaves no position open
+    block = [None] * 4
+    dec._commit(block, conf, _probs([{a: 0.3}, {c: 0.3}, {d: 0.3}, {a: 0.3}], v), opts, True, None)
+    assert None not in block
+
+
+def test_generate_ends_and_counts_passes(parts) -> None:  # noqa: ANN001
+    _, tok, dec = parts
+    res = dec.generate(tok.prompt_ids("hello", 32), BlockOptions(block=8, tau=0.9, max_tokens=32))
+    assert res.ids and len(res.ids) <= 32
+    assert tok.special.mask not in res.ids and tok.special.eot not in res.ids
+    assert res.stats.steps == 1 + len(res.stats.tokens_per_step)  # the prompt's pass plus the block passes
+    assert len(res.confidence) == len(res.ids)
+
+
+def test_past_deadline_each_block_gets_one_pass(parts) -> None:  # noqa: ANN001
+    _, tok, dec = parts
+    res = dec.generate(tok.prompt_ids("I forgot my password again.", 32),
+                       BlockOptions(block=8, tau=1.0, max_tokens=32, deadline=time.perf_counter()))
+    assert res.stats.deadline_hit
+    assert len(res.stats.tokens_per_step) <= 32 // 8
+    assert tok.special.mask not in res.ids
+
+
+def test_should_stop_cancels_between_passes(parts) -> None:  # noqa: ANN001
+    _, tok, dec = parts
+    with pytest.raises(DecodeCancelled):
+        dec.generate(tok.prompt_ids("hello", 32), BlockOptions(), should_stop=lambda: True)
