@@ -52,7 +52,7 @@ import torch  # noqa: E402
 from llm.ar import AR_WEIGHTS, ArLM  # noqa: E402
 from llm.data import Pair, all_pairs, split_pairs  # noqa: E402
 from llm.decoder import BlockResult, DecodeOptions, generate_blocks  # noqa: E402
-from llm.loader import EMBEDDED, LoadedLM, load_lm  # noqa: E402
+from llm.loader import EMBEDDED_MDLM, LoadedLM, load_lm  # noqa: E402
 from llm.quality import (  # noqa: E402
     Lexicon,
     QualityReport,
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ablation", action="store_true",
                     help="instead of the steps/tau sweep, compare decoding rules at the recommended setting")
     ap.add_argument("--json", type=Path, help="write the results here")
-    ap.add_argument("--mdlm", type=Path, default=EMBEDDED, help="masked diffusion LM directory")
+    ap.add_argument("--mdlm", type=Path, default=EMBEDDED_MDLM, help="masked diffusion LM directory")
     ap.add_argument("--ar", type=Path, default=AR_WEIGHTS, help="GPT-2 baseline directory")
     ap.add_argument("--quality-prompts", type=int, help="held-out prompts scored for quality (default 96, quick 24)")
     ap.add_argument("--timing-prompts", type=int, help="held-out prompts timed (default 16, quick 8)")
@@ -272,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         row = Row("diffusion", s.name, s.options, mean_useful_tokens=sum(useful(r) for r in res) / len(res),
                   mean_passes=sum(r.stats.steps for r in res) / len(res), quality=q.as_dict(),
                   f1_diff_vs_ar=(round(diff[0], 4), round(diff[1], 4)),
-                  quality_not_worse_than_ar=at_least_as_good(q, ar_q, diff, human_q))
+                  quality_not_worse_than_ar=at_least_as_good(q, ar_q, diff, human_q,
+                                                             ar_judge_nll=ar_row.quality["self_nll"]
+                                                             if judge is not None else None))
         row.quality["samples"] = texts[:3]
         for b in (1, 8):
             key = f"batch{b}"

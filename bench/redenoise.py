@@ -26,9 +26,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
+from llm.config import MDLM_DECODING, LlmConfig  # noqa: E402
 from llm.data import all_pairs, split_pairs  # noqa: E402
+from llm.loader import EMBEDDED_MDLM  # noqa: E402
 from llm.responder import Responder  # noqa: E402
-from pipelines.config import LlmConfig  # noqa: E402
 
 
 def token_f1(a: str, b: str) -> float:
@@ -48,7 +49,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    r = Responder.load(LlmConfig())
+    r = Responder.load(LlmConfig(model_path=str(EMBEDDED_MDLM), **MDLM_DECODING))  # re-denoising is the MDLM's
     _, held = split_pairs(all_pairs(1234), 300, 1234)
     pairs = [p for p in held if 4 <= len(p.prompt.split()) <= 25][: args.n]
     cold_t, warm_t, cold_steps, warm_steps, remask_share, agree = [], [], [], [], [], []

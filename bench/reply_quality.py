@@ -51,18 +51,17 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from llm.ar import ArLM  # noqa: E402
+from llm.config import MDLM_DECODING, LlmConfig  # noqa: E402
 from llm.data import all_pairs, sgd_pairs  # noqa: E402
 from llm.grammar_judge import LinkGrammarJudge  # noqa: E402
 from llm.loader import EMBEDDED_MDLM  # noqa: E402
 from llm.quality import repeats, words  # noqa: E402
 from llm.responder import Responder  # noqa: E402
-from pipelines.config import BudgetConfig, LlmConfig  # noqa: E402
+from pipelines.config import BudgetConfig  # noqa: E402
 
 SGD_SOURCE = ROOT.parent / "shared" / "data" / "sgd-dialogues.jsonl.gz"
 SGD_PER_SPLIT = 60
 SEED = 1234
-# the MDLM's own decoding settings (its config before the block diffusion LM became the default)
-MDLM_CFG = {"block_len": 32, "steps": 4, "sub_block": 16, "tau": 0.9}
 
 
 def _norm(text: str) -> str:
@@ -220,7 +219,7 @@ def main() -> int:
     ]
     samples = {rows[0]["system"]: bd_free, rows[2]["system"]: ar_free}
     if not args.no_mdlm:
-        mdlm = Responder.load(LlmConfig(model_path=str(EMBEDDED_MDLM), **MDLM_CFG))
+        mdlm = Responder.load(LlmConfig(model_path=str(EMBEDDED_MDLM), **MDLM_DECODING))
         md = run_responder(mdlm, texts, None)
         rows.append({**score("MDLM (previous embedded model)", texts, [r.text for r in md], judge, ar,
                              [r.ids for r in md], [r.ended for r in md]), **speed(md, None)})

@@ -15,6 +15,11 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+# how the embedded MDLM (llm/weights/mdlm) decodes best: one 32-token block in four passes,
+# two sub-blocks; with `LlmConfig(model_path=..., **MDLM_DECODING)` it answers as it was tuned to
+MDLM_DECODING: dict[str, int] = {"block_len": 32, "steps": 4, "sub_block": 16}
+
+
 class LlmConfig(_Section):
     model_path: str | None = Field(None, description="local checkpoint dir; default: the embedded block diffusion LM")
     kind: Literal["auto", "bdlm", "masked_lm", "llada", "dream"] = "auto"

@@ -184,10 +184,13 @@ def paired_f1_diff(
 
 
 def at_least_as_good(
-    diff: QualityReport, ar: QualityReport, f1_diff: tuple[float, float], human: QualityReport | None = None
+    diff: QualityReport, ar: QualityReport, f1_diff: tuple[float, float], human: QualityReport | None = None,
+    ar_judge_nll: float | None = None,
 ) -> bool:
     """The rule the benchmark uses for "equal or better quality": no measure notably worse than
-    the AR model's. Token F1 not lower by more than one paired standard error; distinct-2 at
+    the AR model's. Fluency first: with ``ar_judge_nll`` (the AR model's own replies under the
+    same judge as ``diff.judge_nll``), the judge NLL at most 1.1x that, since short broken
+    replies can win token F1. Token F1 not lower by more than one paired standard error; distinct-2 at
     least 80 % of AR's; self distinct-2 at most 0.1 lower; mean length at least half of AR's;
     empty replies at most 5 points more; known words at most 5 points and attested trigrams at
     most 15 points fewer (when a lexicon was used). Where the human replies (``human``) score
@@ -205,6 +208,8 @@ def at_least_as_good(
         and diff.mean_words >= 0.5 * bar("mean_words")
         and diff.empty_share <= ar.empty_share + 0.05
     )
+    if ar_judge_nll is not None:
+        ok = ok and math.isfinite(diff.judge_nll) and diff.judge_nll <= 1.1 * ar_judge_nll
     if math.isfinite(diff.known_word_share) and math.isfinite(ar.known_word_share):
         ok = ok and diff.known_word_share >= bar("known_word_share") - 0.05
         ok = ok and diff.attested_trigram_share >= bar("attested_trigram_share") - 0.15

@@ -1,5 +1,6 @@
-"""The embedded masked diffusion LM answers held-out prompts with real replies, decoded the
-way the agent decodes them (default LlmConfig). The test asserts quality bounds that a
+"""The embedded block diffusion LM answers held-out prompts with real replies, decoded the
+way the agent decodes them (default LlmConfig), and the turn-end probe (on the embedded
+MDLM) tells whole turns from cut ones. The test asserts quality bounds that a
 collapsed model (empty or end-token replies) or a degenerate one (a block of "....", the same
 reply to every prompt, a reply that loops, salad of word pieces) cannot meet; it never
 asserts exact strings. Human replies to the same prompts score: 9.6 words, distinct-2 0.99,
@@ -21,7 +22,7 @@ torch.set_num_threads(1)
 
 pytestmark = pytest.mark.skipif(
     not (EMBEDDED / "model.safetensors").exists(),
-    reason=f"embedded weights missing: train them with `python -m llm.train --arch mdlm --out {EMBEDDED}`",
+    reason=f"embedded weights missing: train them with `python -m llm.train --arch bdlm --out {EMBEDDED}`",
 )
 
 N_PROMPTS = 24
@@ -65,7 +66,9 @@ def test_replies_to_heldout_prompts_meet_quality_bounds(responder, corpus: tuple
     assert q.known_word_share >= 0.9, summary  # real words, not glued word pieces
     assert q.attested_trigram_share >= 0.3, summary  # word sequences people write, not salad
     assert q.token_f1 >= 0.05, summary  # some overlap with what a person answered
-    assert all(r.stats.steps <= responder.cfg.steps for r in replies)
+    # no block gets more than its pass budget: the prompt's pass plus at most `steps` per block
+    blocks = -(-responder.cfg.max_tokens // responder.cfg.block_len)
+    assert all(r.stats.steps <= 1 + blocks * responder.cfg.steps for r in replies)
 
 
 def test_reply_ends_within_the_block_and_is_clean_text(responder, heldout: list) -> None:  # noqa: ANN001
@@ -89,18 +92,18 @@ def test_turn_end_probe_tells_whole_turns_from_cut_ones(responder, corpus: tuple
     from llm.data import all_pairs, split_pairs
 
     # held-out prompts (never seen by the probe), each whole and cut after a random word
-    assert responder.turn_end is not None, "the embedded model ships llm/weights/mdlm/turn_end.json"
+    assert responder.turn_end is not None, "the embedded MDLM ships llm/weights/mdlm/turn_end.json"
     _, held = split_pairs(all_pairs(1234), 300, 1234)
     texts, labels = examples([p.prompt for p in held[:150]], random.Random(7))
-    probs = responder.turn_end.probs(responder.lm, texts)
+    probs = responder.turn_end.probs(responder.probe_lm, texts)
     assert auc(probs, labels) >= 0.65
     assert all(0.0 <= p <= 1.0 for p in probs)
     # and with the word count no help: a whole prompt against a longer one cut to its length
     texts, labels = length_matched([p.prompt for p in held[:150]], random.Random(7))
-    assert auc(responder.turn_end.probs(responder.lm, texts), labels) >= 0.65
+    assert auc(responder.turn_end.probs(responder.probe_lm, texts), labels) >= 0.65
     # short answers read as whole, fragments of the same length as not
-    whole = responder.turn_end.probs(responder.lm, ["yes", "10 of clubs", "John Smith"])
-    cut = responder.turn_end.probs(responder.lm, ["I need", "I would like", "my name is"])
+    whole = responder.turn_end.probs(responder.probe_lm, ["yes", "10 of clubs", "John Smith"])
+    cut = responder.turn_end.probs(responder.probe_lm, ["I need", "I would like", "my name is"])
     assert min(whole) > max(cut), (whole, cut)
     # punctuation is not what it reads: a full stop after a fragment does not make it whole
     assert responder.turn_end_prob("I was wondering if you could.") == pytest.approx(
@@ -116,4 +119,5 @@ def test_turn_end_probe_reads_the_same_in_any_dtype() -> None:
     r32, r16 = Responder.load(LlmConfig(dtype="float32")), Responder.load(LlmConfig(dtype="bfloat16"))
     assert r16.lm.model.dtype == torch.bfloat16
     assert r16.turn_end is not None and r32.turn_end is not None
-    assert r16.turn_end.probs(r16.lm, texts) == pytest.approx(r32.turn_end.probs(r32.lm, texts), abs=1e-5)
+    assert r16.turn_end.probs(r16.probe_lm, texts) == pytest.approx(
+        r32.turn_end.probs(r32.probe_lm, texts), abs=1e-5)

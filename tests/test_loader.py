@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import ModernBertConfig, ModernBertForMaskedLM, PreTrainedTokenizerFast
 
 from llm.decoder import DecodeOptions, generate_block
-from llm.loader import EMBEDDED, ModelLoadError, load_lm, native_bf16, torch_dtype
+from llm.loader import EMBEDDED, EMBEDDED_MDLM, ModelLoadError, load_lm, native_bf16, torch_dtype
 from llm.responder import Responder
 from pipelines.config import LlmConfig
 
@@ -293,7 +293,13 @@ def test_tokenizer_without_mask_token_is_a_clear_error(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not (EMBEDDED / "model.safetensors").exists(), reason="embedded weights not trained yet")
 def test_embedded_model_is_the_default() -> None:
+    from llm.block_decoder import BlockDiffusionDecoder, BlockOptions
+
     lm = load_lm(LlmConfig())
-    assert lm.kind == "masked_lm" and lm.path == EMBEDDED
-    block = generate_block(lm.logits_fn, lm.prompt_ids("hello", [], 32), lm.special, DecodeOptions(steps=2)).block
-    assert lm.special.mask not in block
+    assert lm.kind == "bdlm" and lm.path == EMBEDDED
+    res = BlockDiffusionDecoder(lm.model, lm.special).generate(lm.prompt_ids("hello", [], 32), BlockOptions())
+    assert res.ids and lm.special.mask not in res.ids
+    mdlm = load_lm(LlmConfig(model_path=str(EMBEDDED_MDLM)))  # the turn-end probe's model
+    assert mdlm.kind == "masked_lm"
+    block = generate_block(mdlm.logits_fn, mdlm.prompt_ids("hello", [], 32), mdlm.special, DecodeOptions(steps=2)).block
+    assert mdlm.special.mask not in block
