@@ -96,6 +96,7 @@ class CallSession:
         self.asr = StreamingASR(engines.asr.transcribe, drafts=engines.asr.drafts)
         self.endpointer = Endpointer(cfg.turn)
         self._resamplers: dict[int, StreamResampler] = {}
+        self._resampled_t0: dict[int, float] = {}  # call time where each rate's resampled stream began
         self._preroll: deque[np.ndarray] = deque(maxlen=max(1, 200 // cfg.audio.frame_ms))
         self._pause_buf: list[np.ndarray] = []
         self._fallback_pcm: dict[str, np.ndarray] = {}
@@ -211,21 +212,26 @@ class CallSession:
     async def push_audio(self, frame: AudioFrame) -> None:
         if self.closed:
             return
+        t16 = frame.timestamp
         if frame.sample_rate != ASR_RATE:
             rs = self._resamplers.get(frame.sample_rate)
             if rs is None:
                 rs = self._resamplers[frame.sample_rate] = StreamResampler(frame.sample_rate, ASR_RATE)
+                self._resampled_t0[frame.sample_rate] = frame.timestamp
+            # stamped by the samples the stream has given out, not by the input frame's time:
+            # a resampler that holds audio back would otherwise make every VAD time late
+            t16 = self._resampled_t0[frame.sample_rate] + rs.emitted / ASR_RATE
             pcm = rs.process(frame.pcm)
         else:
             pcm = frame.pcm
         self._audio_t = frame.end
-        self._frame_t = frame.timestamp  # the preroll ends here: this frame is buffered after the VAD
+        self._frame_t = t16  # the preroll ends here: this frame is buffered after the VAD
         if isinstance(self.clock, AudioClock):
             self.clock.t = max(self.clock.t, frame.end)
         self._announce_if_heard()
         if len(pcm) == 0:
             return
-        f16 = AudioFrame(pcm, ASR_RATE, frame.timestamp)
+        f16 = AudioFrame(pcm, ASR_RATE, t16)
         for ev in self.vad.process(f16):
             if ev.kind == "unvoiced":
                 self._unvoiced_ms += self.cfg.vad.frame_ms
@@ -797,7 +803,7 @@ class CallSession:
     def _begin_output(self, turn: int) -> None:
         self.output.begin_turn(turn)
         # one stateful resampler per reply: clause joins get no filter edges
-        self._out_rs = StreamResampler(self.engines.tts.sample_rate, self.output.sample_rate)
+        self._out_rs = StreamResampler(self.engines.tts.sample_rate, self.output.sample_rate, quality="HQ")
 
     def _play(self, pcm: np.ndarray, last: bool = False) -> float | None:
         if self.muted or (len(pcm) == 0 and not last):

@@ -30,6 +30,17 @@ def test_stream_resampler_matches_one_shot_without_clicks() -> None:
     assert np.abs(np.diff(stream[400:-400])).max() < 2 * np.pi * 300 / 16000 * 8000 * 1.5 + 200
 
 
+@pytest.mark.parametrize("rate", [8000, 44100, 48000])
+def test_stream_resampler_holds_no_audio_back(rate: int) -> None:
+    """Every 20 ms input frame gives about 20 ms out at once (soxr HQ held 100 ms back at 8 kHz),
+    and ``emitted`` stamps the output: sample n of the stream is at n / 16000 s."""
+    rs = StreamResampler(rate, 16000)
+    n = rate // 50
+    outs = [len(rs.process(np.full(n, 1000, np.int16))) for _ in range(10)]
+    assert all(o >= 300 for o in outs), outs
+    assert rs.emitted == sum(outs) and abs(sum(outs) - 3200) <= 16
+
+
 def test_frame_validation() -> None:
     with pytest.raises(ValueError):
         AudioFrame(np.zeros(10, dtype=np.float32), 16000, 0.0)
