@@ -11,7 +11,9 @@ For each block of ``block`` positions, all masks at first:
   model fills a block in one or two passes, an unsure one falls back to one token a pass,
   which is AR decoding;
 - ``no_adjacent_repeat``: a position never takes the token committed right before it, so
-  parallel commits cannot stutter ("I I", "the the");
+  parallel commits cannot stutter ("I I", "the the"); ``no_repeat_ngram`` (3): nor a token
+  that would say again an n-gram the reply already holds ("to go to go to", a sentence said
+  twice), the loop a small greedy LM falls into;
 - the reply ends at the first end-of-turn token with nothing masked before it;
 - a finished block enters the cache in the same forward pass as the next block's first
   denoising pass (its rows causal, the new block's rows seeing it), so caching costs no
@@ -40,6 +42,7 @@ class BlockOptions:
     max_passes: int = 8  # per block
     max_tokens: int = 32
     no_adjacent_repeat: bool = True
+    no_repeat_ngram: int = 3  # 0: allowed
     deadline: float | None = None  # absolute time.perf_counter() value
 
     def __post_init__(self) -> None:
@@ -113,7 +116,7 @@ class BlockDiffusionDecoder:
                 probs = torch.cat([first[None], self._probs(hb[:-1])]) if n > 1 else first[None]
                 late = opts.deadline is not None and time.perf_counter() >= opts.deadline
                 fill_all = late or pass_no == opts.max_passes - 1
-                self._commit(block, bconf, probs, opts, fill_all, out[-1] if out else None)
+                self._commit(block, bconf, probs, opts, fill_all, out)
                 stats.steps += 1
                 stats.tokens_per_step.append(sum(t is not None for t in block))
                 stats.step_times.append(time.perf_counter() - ts)
@@ -135,7 +138,7 @@ class BlockDiffusionDecoder:
 
     def _commit(
         self, block: list[int | None], bconf: list[float], probs: torch.Tensor, opts: BlockOptions, fill_all: bool,
-        before: int | None,
+        said: list[int],
     ) -> None:
         """Commits masked positions in place: the leftmost open one (so an unsure model
         decodes left to right, as the AR model it came from), plus every other at or above
@@ -144,20 +147,21 @@ class BlockDiffusionDecoder:
         end token is taken only at the leftmost open position: the reply's length is decided
         left to right, and a block cannot collapse backwards from ends committed at its far
         side."""
-        top_p, top_t = probs.topk(4, -1)
+        top_p, top_t = probs.topk(8, -1)
         ends = self.special.end_ids
         open_at = [i for i, t in enumerate(block) if t is None]
         leftmost = open_at[0]
 
         def pick(i: int) -> tuple[int, float]:
-            left = block[i - 1] if i > 0 else before
+            left = block[i - 1] if i > 0 else (said[-1] if said else None)
             right = block[i + 1] if i + 1 < len(block) else None
+            banned = self._repeated_ngram_ends(said, block, i, opts.no_repeat_ngram)
             for k in range(top_t.shape[1]):
                 t = int(top_t[i, k])
                 if t in ends:
                     if i == leftmost:
                         return t, float(top_p[i, k])
-                elif not opts.no_adjacent_repeat or t not in (left, right):
+                elif (not opts.no_adjacent_repeat or t not in (left, right)) and t not in banned:
                     return t, float(top_p[i, k])
             return int(top_t[i, -1]), float(top_p[i, -1])
 
@@ -170,3 +174,16 @@ class BlockDiffusionDecoder:
             t, p = pick(i)
             if fill_all or p >= opts.tau:
                 block[i], bconf[i] = t, p
+
+    @staticmethod
+    def _repeated_ngram_ends(said: list[int], block: list[int | None], i: int, n: int) -> set[int]:
+        """Tokens that would end, at block position ``i``, an n-gram the reply already holds
+        (only where the n-1 tokens right before ``i`` are known)."""
+        seq: list[int | None] = [*said, *block[:i]]
+        if n < 2 or len(seq) < n - 1 or None in seq[len(seq) - (n - 1):]:
+            return set()
+        head = seq[len(seq) - (n - 1):]
+        return {
+            t for k in range(len(seq) - n + 1)
+            if seq[k : k + n - 1] == head and (t := seq[k + n - 1]) is not None
+        }

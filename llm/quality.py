@@ -70,9 +70,12 @@ def sentences(text: str) -> list[str]:
 
 
 def repeats(text: str) -> bool:
-    """A word said twice in a row, or a sentence said twice: what a caller hears as a stutter."""
+    """A word or a pair of words said twice in a row ("the the", "go to go to"), or a sentence
+    said twice: what a caller hears as a stutter."""
     w = words(text)
     if any(a == b for a, b in zip(w, w[1:], strict=False)):
+        return True
+    if any(w[i : i + 2] == w[i + 2 : i + 4] for i in range(len(w) - 3)):
         return True
     said = [" ".join(words(s)) for s in sentences(text)]
     said = [s for s in said if s]

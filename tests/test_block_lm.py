@@ -68,23 +68,23 @@ def test_commit_rules(parts) -> None:  # noqa: ANN001
     # leftmost is taken although unsure; a confident far position too; an unsure middle one waits
     block: list[int | None] = [None] * 4
     conf = [0.0] * 4
-    dec._commit(block, conf, _probs([{a: 0.3}, {c: 0.5}, {d: 0.95}, {sp.eot: 0.99}], v), opts, False, None)
+    dec._commit(block, conf, _probs([{a: 0.3}, {c: 0.5}, {d: 0.95}, {sp.eot: 0.99}], v), opts, False, [])
     assert block == [a, None, d, None]  # the end token at the far side is not taken
     # an end token ends the reply only at the leftmost open position
     block = [a, None, None, None]
-    dec._commit(block, conf, _probs([{}, {sp.eot: 0.6}, {c: 0.99}, {d: 0.99}], v), opts, False, None)
+    dec._commit(block, conf, _probs([{}, {sp.eot: 0.6}, {c: 0.99}, {d: 0.99}], v), opts, False, [])
     assert block == [a, sp.eot, None, None]
     # two neighbours never take the same token: the second waits, or takes its second best
     rows = [{a: 0.95}, {a: 0.97, c: 0.02}, {d: 0.5}, {d: 0.4}]
     block = [None] * 4
-    dec._commit(block, conf, _probs(rows, v), opts, False, None)
+    dec._commit(block, conf, _probs(rows, v), opts, False, [])
     assert block == [a, None, None, None]
     block = [None] * 4
-    dec._commit(block, conf, _probs(rows, v), opts, True, None)
+    dec._commit(block, conf, _probs(rows, v), opts, True, [])
     assert block[:2] == [a, c] and block[2] != block[3]
     # fill_all (deadline or last pass) leaves no position open
     block = [None] * 4
-    dec._commit(block, conf, _probs([{a: 0.3}, {c: 0.3}, {d: 0.3}, {a: 0.3}], v), opts, True, None)
+    dec._commit(block, conf, _probs([{a: 0.3}, {c: 0.3}, {d: 0.3}, {a: 0.3}], v), opts, True, [])
     assert None not in block
 
 
@@ -110,3 +110,18 @@ def test_should_stop_cancels_between_passes(parts) -> None:  # noqa: ANN001
     _, tok, dec = parts
     with pytest.raises(DecodeCancelled):
         dec.generate(tok.prompt_ids("hello", 32), BlockOptions(), should_stop=lambda: True)
+
+
+def test_no_token_says_a_trigram_again(parts) -> None:  # noqa: ANN001
+    _, tok, dec = parts
+    v = tok.vocab_size
+    go, to, the = 100, 101, 102
+    # the reply so far: "to go to go": the next "to" would say "to go to" again
+    block: list[int | None] = [None] * 4
+    conf = [0.0] * 4
+    rows = [{to: 0.9, the: 0.05}, {}, {}, {}]
+    dec._commit(block, conf, _probs(rows, v), BlockOptions(block=4), False, [to, go, to, go])
+    assert block[0] == the
+    dec._commit(block := [None] * 4, conf, _probs(rows, v), BlockOptions(block=4, no_repeat_ngram=0), False,
+                [to, go, to, go])
+    assert block[0] == to
