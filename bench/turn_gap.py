@@ -14,18 +14,17 @@ endpointer. Each call is replayed at real-time pace through:
 
 The gap is measured the same way for both: from the last frame webrtcvad calls voiced (frame
 by frame, no hysteresis) before each agent onset to the first agent sample out, both through
-the same playout buffer (``output.buffer_ms``, 20 ms; LiveKit's speaker had none before
-session 6, which flattered its gaps by that much). Our session's
-own figure, whose VAD segmenter ignores isolated voiced blips, is `session_gap_p50_ms`. A
-cut-off is agent audio starting while the caller's utterance (pauses included) is still in
-progress; a missed reply is an utterance with no agent audio before the next one. LiveKit
-may also commit a turn at a mid-sentence pause and hold the reply until the caller stops; such
-a reply starts right after the caller's last word but answers only the words before the pause.
-It is counted as a fragment reply, and LiveKit's p50/p95 are also given over its whole-turn
-replies only (`ratio_p50_whole_turns`); every reply of ours answers the whole turn. Prints
-p50/p95, cut-offs (and the false cut-off rate: cut-offs per turn), misses, speculation hit
-rate and wasted compute, per-stage medians, violations, the WER of our final transcripts, and
-the ratio of our p50 to LiveKit's.
+the same playout buffer (``output.buffer_ms``, 20 ms; without it on LiveKit's side, its gaps
+would read that much shorter). Our session's own figure, whose VAD segmenter ignores isolated
+voiced blips, is `session_gap_p50_ms`. A cut-off is agent audio starting while the caller's
+utterance (pauses included) is still in progress; a missed reply is an utterance with no agent
+audio before the next one. LiveKit may also commit a turn at a mid-sentence pause and hold the
+reply until the caller stops; such a reply starts right after the caller's last word but
+answers only the words before the pause. It is counted as a fragment reply, and LiveKit's
+p50/p95 are also given over its whole-turn replies only (`ratio_p50_whole_turns`); every reply
+of ours answers the whole turn. Prints p50/p95, cut-offs (and the false cut-off rate: cut-offs
+per turn), misses, speculation hit rate and wasted compute, per-stage medians, violations, the
+WER of our final transcripts, and the ratio of our p50 to LiveKit's.
 """
 
 from __future__ import annotations
