@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from tests import speech  # noqa: E402
+from tests.ground_truth import audible_onsets, gaps_from_truth, speech_end  # noqa: E402
 from tests.wer import wer, words  # noqa: E402
 from voice.audio import read_wav  # noqa: E402
 
@@ -84,7 +85,8 @@ def build_calls(n: int, gap_s: float = 3.0) -> list[dict[str, Any]]:
             pcm, paused = with_pause(clip, pause) if k != 1 else (read_wav(clip.path, RATE)[0], False)
             parts += [pcm, np.zeros(int(gap_s * RATE), np.int16)]
             end = t + len(pcm) / RATE
-            utts.append({"start": t, "end": end, "text": clip.text, "mid_pause_s": pause if paused else 0})
+            utts.append({"start": t, "end": end, "true_end": t + speech_end(pcm, RATE), "text": clip.text,
+                         "mid_pause_s": pause if paused else 0})
             t += len(pcm) / RATE + gap_s
         calls.append({"pcm": np.concatenate(parts), "utterances": utts})
     return calls
@@ -117,10 +119,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     ours: dict[str, Any] = {"gaps": [], "cutoffs": 0, "missed": 0, "hits": 0, "spec": 0, "violations": 0,
                             "stages": {}, "wasted_ms": 0.0, "recovered": 0, "turns": [],
                             "content_gaps": [], "fallbacks": 0,
-                            "session_gaps": [], "wer_errors": 0.0, "wer_words": 0}
+                            "session_gaps": [], "wer_errors": 0.0, "wer_words": 0, "truth_gaps": []}
     lk: dict[str, Any] = {"gaps": [], "cutoffs": 0, "missed": 0, "whole_gaps": [], "fragments": 0, "turns": []}
     for i, call in enumerate(calls):
-        report, _ = await replay_pcm(agent, call["pcm"], RATE, fast=False)
+        report, track = await replay_pcm(agent, call["pcm"], RATE, fast=False)
+        # from the caller's last audible sample (source clip) to the first audible agent sound
+        truth = gaps_from_truth([(u["start"], u["true_end"]) for u in call["utterances"]],
+                                audible_onsets(track, RATE))
+        ours["truth_gaps"] += [g for g in truth if g is not None and g > 0]
         onsets = [t["agent_audio_start_s"] for t in report["turns"] if t["agent_audio_start_s"] is not None]
         c, m = score(onsets, call["utterances"])
         ours["cutoffs"] += c
@@ -173,6 +179,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "turns": turns,
         "turns_with_mid_pause": paused,
         "ours": {"p50_ms": pct(ours["gaps"], 50), "p95_ms": pct(ours["gaps"], 95), "cutoffs": ours["cutoffs"],
+                 # the same replies, measured from the caller's true end of speech to the first
+                 # audible agent sound (tests/ground_truth.py)
+                 "truth_p50_ms": pct(ours["truth_gaps"], 50), "truth_p95_ms": pct(ours["truth_gaps"], 95),
                  "missed": ours["missed"],
                  "session_gap_p50_ms": pct(ours["session_gaps"], 50),
                  # with turn.fallback an acknowledgement may come first: the reply's own audio

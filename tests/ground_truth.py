@@ -1,0 +1,62 @@
+"""A ruler the pipeline does not hold: the caller's true end of speech from the source clip,
+and the first audible agent sound in the output track, both by an energy gate.
+
+- `speech_end`: the end of the last 10 ms frame of a clean clip within ``floor_db`` (40 dB)
+  of its loudest frame: the caller's last audible sample, not a VAD's decision (webrtcvad's
+  last voiced frame ends 0-220 ms later on phone audio).
+- `audible_onsets`: where agent audio becomes audible after at least ``quiet_s`` of quiet:
+  the first 10 ms frame within ``floor_db`` of the track's loudest frame (Piper starts
+  quietly: its first audible sample comes 0-50 ms after its first sample).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FRAME_S = 0.01
+
+
+def _frame_db(pcm: np.ndarray, rate: int) -> np.ndarray:
+    n = max(1, int(rate * FRAME_S))
+    k = len(pcm) // n
+    if k == 0:
+        return np.zeros(0)
+    x = pcm[: k * n].astype(np.float64).reshape(k, n)
+    rms = np.sqrt((x * x).mean(axis=1)) + 1e-9
+    return 20 * np.log10(rms)
+
+
+def speech_end(pcm: np.ndarray, rate: int, floor_db: float = 40.0) -> float:
+    """Seconds from the clip's start to its last audible sample."""
+    db = _frame_db(pcm, rate)
+    if len(db) == 0:
+        return 0.0
+    loud = np.nonzero(db >= db.max() - floor_db)[0]
+    return float((loud[-1] + 1) * FRAME_S) if len(loud) else 0.0
+
+
+def audible_onsets(track: np.ndarray, rate: int, floor_db: float = 40.0, quiet_s: float = 0.2) -> list[float]:
+    db = _frame_db(track, rate)
+    if len(db) == 0 or db.max() < 20:  # an all-silent track (int16 RMS below 10)
+        return []
+    loud = db >= db.max() - floor_db
+    out: list[float] = []
+    last = -1e9
+    for i in np.nonzero(loud)[0]:
+        t = i * FRAME_S
+        if t - last > quiet_s:
+            out.append(float(t))
+        last = t + FRAME_S
+    return out
+
+
+def gaps_from_truth(utts: list[tuple[float, float]], onsets: list[float]) -> list[float | None]:
+    """For each utterance (start, true end): ms from its true end to the first agent onset
+    after its start and before the next utterance's start (None: no reply). An onset before
+    the true end is a cut-off: its gap is negative."""
+    out: list[float | None] = []
+    for i, (start, end) in enumerate(utts):
+        nxt = utts[i + 1][0] if i + 1 < len(utts) else float("inf")
+        after = [o for o in onsets if start < o < nxt]
+        out.append(round((after[0] - end) * 1000, 1) if after else None)
+    return out
