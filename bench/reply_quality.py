@@ -3,6 +3,7 @@
     .venv/bin/python bench/reply_quality.py                     # test split, about 3 minutes
     .venv/bin/python bench/reply_quality.py --split dev         # the split to tune on
     .venv/bin/python bench/reply_quality.py --json bench/results/reply_quality_cpu.json
+    .venv/bin/python bench/reply_quality.py --split dev --sweep 8:0.9,16:0.9,8:0.7   # block:tau settings
 
 The utterances: ``bench/data/caller_{dev,test}.txt`` (greetings, requests to a phone
 assistant, questions, complaints, small talk, line checks, hand-offs, thanks and goodbyes,
@@ -180,6 +181,22 @@ def interleaved(
     return a, d
 
 
+def sweep(spec: str, base: LlmConfig, texts: list[str], judge: LinkGrammarJudge, ar: ArLM) -> int:
+    """Quality and speed of the diffusion LM at several block:tau settings, each interleaved
+    with the AR baseline (for choosing the default on the dev split)."""
+    run_ar(ar, ["hello"])
+    for item in spec.split(","):
+        block, tau = item.split(":")
+        cfg = base.model_copy(update={"block_len": int(block), "steps": int(block), "tau": float(tau)})
+        resp = Responder.load(cfg)
+        resp.generate("hello")
+        a, d = interleaved(ar, resp, texts, None)
+        row = {**score(f"block {block} tau {tau} ({cfg.dtype})", texts, [r.text for r in d], judge, ar,
+                       [r.ids for r in d], [r.ended for r in d]), **speed(d, a)}
+        print(json.dumps(row), flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--split", choices=["dev", "test"], default="test")
@@ -187,6 +204,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--samples", type=int, default=8, help="sample replies printed and kept per system")
     ap.add_argument("--no-mdlm", action="store_true", help="leave the MDLM row out")
+    ap.add_argument("--sweep", help="instead of the table: block:tau settings of the diffusion LM, e.g. 8:0.9,16:0.7")
+    ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], help="the diffusion LM's dtype")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
@@ -200,8 +219,12 @@ def main() -> int:
         llm_cfg, budgets = cfg.llm, cfg.budgets
     else:
         llm_cfg, budgets = LlmConfig(), BudgetConfig()
+    if args.dtype:
+        llm_cfg = llm_cfg.model_copy(update={"dtype": args.dtype})
     judge = LinkGrammarJudge()
     ar = ArLM.load()
+    if args.sweep:
+        return sweep(args.sweep, llm_cfg, texts, judge, ar)
     resp = Responder.load(llm_cfg)
     resp.generate("hello")
     run_ar(ar, ["hello"])

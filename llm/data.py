@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import gzip
+import hashlib
 import json
 import os
 import random
@@ -77,11 +78,22 @@ def chatterbot_pairs() -> list[Pair]:
 
 
 SGD_PAIRS = Path(__file__).parent / "corpus" / "sgd_pairs.jsonl.gz"
+GRAMMATICAL_REPLIES = Path(__file__).parent / "corpus" / "grammatical_replies.txt.gz"
 
 
 def sgd_pairs(path: Path = SGD_PAIRS) -> list[Pair]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         return [Pair(_clean(d["prompt"]), _clean(d["response"]), "sgd") for d in map(json.loads, f)]
+
+
+def reply_key(text: str) -> str:
+    return hashlib.sha1(_clean(text).encode()).hexdigest()[:12]
+
+
+def grammatical_replies(path: Path = GRAMMATICAL_REPLIES) -> set[str]:
+    """`reply_key`s of the replies that parse and do not stutter (scripts/filter_replies.py)."""
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return {ln.strip() for ln in f if ln.strip()}
 
 
 def all_pairs(seed: int = 0) -> list[Pair]:

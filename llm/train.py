@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from llm import block_lm
 from llm.architectures import new_ar, new_mdlm
-from llm.data import Pair, all_pairs, sgd_pairs, split_pairs
+from llm.data import Pair, all_pairs, grammatical_replies, reply_key, sgd_pairs, split_pairs
 from llm.persona import persona_pairs
 from llm.quality import repeats
 from llm.tokenizer import ChatTokenizer, train_tokenizer
@@ -138,6 +138,9 @@ def main(argv: list[str] | None = None) -> None:
                          "replay the batches of the run it continues, while the held-out split stays fixed")
     ap.add_argument("--extra-persona", type=int, default=0, help="extra copies of the generated call persona slice")
     ap.add_argument("--sgd", action="store_true", help="add the Schema-Guided Dialogue pairs (llm/corpus) to training")
+    ap.add_argument("--grammatical", action="store_true",
+                    help="train only on replies that parse under link-grammar and do not stutter "
+                         "(llm/corpus/grammatical_replies.txt.gz, made by scripts/filter_replies.py)")
     ap.add_argument("--blocks", default="8,16", help="bdlm: block sizes, one drawn per batch")
     ap.add_argument("--ar-weight", type=float, default=0.5, help="bdlm: weight of the clean copy's AR loss")
     ap.add_argument("--max-steps", type=int, help="stop after this many optimizer steps (to match another run)")
@@ -164,6 +167,9 @@ def main(argv: list[str] | None = None) -> None:
         train_pairs += sgd_pairs()
     if args.arch == "bdlm":
         train_pairs = [p for p in train_pairs if not repeats(p.response)]
+    if args.grammatical:
+        keep = grammatical_replies()
+        train_pairs = [p for p in train_pairs if reply_key(p.response) in keep]
     if args.tokenizer:
         tok = ChatTokenizer.load(args.tokenizer)
     else:
@@ -233,6 +239,7 @@ def main(argv: list[str] | None = None) -> None:
             "pad_weight": args.pad_weight, "seed": args.seed, "order_seed": args.order_seed, "threads": args.threads,
             "bf16_autocast": args.bf16,
             "train_pairs": len(data), "extra_persona": args.extra_persona, "init": str(args.init or ""),
+            "grammatical_only": args.grammatical,
             "heldout": HELDOUT, "prompt_len": PROMPT_LEN, "block_len": BLOCK_LEN,
             "loss_curve": [round(sum(c) / len(c), 4) for c in (losses[i : i + 100] for i in range(0, step, 100))],
             "data": ["chitchat-dataset 0.9.0 (MIT)", "chatterbot-corpus 1.3.3 (BSD)", "llm.persona (generated)"]
