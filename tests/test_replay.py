@@ -51,10 +51,15 @@ async def test_multi_turn_call_fast_mode(agent, tmp_path) -> None:
         assert set(turn["stages"]) >= {"vad_endpoint", "asr_final", "llm_block", "llm_steps", "tts_first_audio",
                                        "output"}
     assert report["summary"]["answered"] == len(bounds)
-    # no agent audio overlaps caller speech
+    # the agent never starts speaking while the caller speaks; where the caller starts over a
+    # reply still playing (a barge-in), the reply stops within barge_in_min_ms (+ 150 ms)
     voiced = np.nonzero(np.abs(track.astype(np.int32)) > 64)[0] / RATE
+    stop_s = agent.cfg.turn.barge_in_min_ms / 1000 + 0.15
     for lo, hi, _ in bounds:
-        assert not np.any((voiced > lo + 0.05) & (voiced < hi - 0.05)), "agent spoke over the caller"
+        inside = voiced[(voiced > lo + 0.05) & (voiced < hi - 0.05)]
+        assert not len(inside) or inside.max() < lo + stop_s, "agent spoke over the caller"
+        starts = [t["agent_audio_start_s"] for t in turns if lo + 0.05 < t["agent_audio_start_s"] < hi - 0.05]
+        assert not starts, "agent started speaking while the caller spoke"
     # each reply is speech that starts after its turn and ends before the next one
     for turn in turns:
         a, b = turn["agent_audio_start_s"], turn["agent_audio_end_s"]
