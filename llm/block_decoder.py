@@ -110,15 +110,14 @@ class BlockDiffusionDecoder:
                 if pending:
                     first = self._probs(hb[len(pending) - 1 : len(pending)])[0]
                     pending = []
-                    hb = hb[-n:]
-                else:
-                    hb = hb[-n:]
+                hb = hb[-n:]
                 probs = torch.cat([first[None], self._probs(hb[:-1])]) if n > 1 else first[None]
                 late = opts.deadline is not None and time.perf_counter() >= opts.deadline
                 fill_all = late or pass_no == opts.max_passes - 1
+                open_before = block.count(None)
                 self._commit(block, bconf, probs, opts, fill_all, out)
                 stats.steps += 1
-                stats.tokens_per_step.append(sum(t is not None for t in block))
+                stats.tokens_per_step.append(open_before - block.count(None))
                 stats.step_times.append(time.perf_counter() - ts)
                 stats.deadline_hit |= late
                 end_at = next((i for i, t in enumerate(block) if t in ends), None)
