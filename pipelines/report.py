@@ -21,7 +21,14 @@ class TurnRecord:
     heard_response: str = ""
     agent_audio_start_s: float | None = None
     agent_audio_end_s: float | None = None
+    # the gap as the caller hears it: from the estimated last audible caller sample
+    # (``speech_end_s``, before the VAD's ``user_speech_end_s``) to the reply's first audible
+    # sample (``agent_audible_s``, after ``agent_audio_start_s``, the first sample played);
+    # ``vad_gap_ms`` runs between the VAD's end and the first sample played
     gap_ms: float | None = None
+    speech_end_s: float | None = None
+    agent_audible_s: float | None = None
+    vad_gap_ms: float | None = None
     interrupted: bool = False
     speculation: dict[str, Any] = field(default_factory=lambda: {"used": False, "hit": False, "started": [],
                                                                   "wasted_ms": 0.0, "warm_starts": 0})
@@ -35,7 +42,7 @@ class TurnRecord:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for k in ("user_speech_start_s", "user_speech_end_s", "agent_audio_start_s", "agent_audio_end_s",
-                  "first_content_audio_s"):
+                  "first_content_audio_s", "speech_end_s", "agent_audible_s"):
             if d[k] is not None:
                 d[k] = round(d[k], 3)
         if d["gap_ms"] is not None:

@@ -49,6 +49,7 @@ from pipelines.transport import AudioClock, AudioOutput, Clock
 from pipelines.turn_end_opinion import TurnEndOpinions
 from voice.asr import StreamingASR, WhisperEngine, normalize_words
 from voice.audio import AudioFrame, StreamResampler
+from voice.level import LevelTrack, first_audible_offset
 from voice.tts import PiperTTS
 from voice.vad import VadSegmenter, WebRtcVad
 
@@ -96,6 +97,7 @@ class CallSession:
         self.asr = StreamingASR(engines.asr.transcribe, drafts=engines.asr.drafts)
         self.endpointer = Endpointer(cfg.turn)
         self._resamplers: dict[int, StreamResampler] = {}
+        self._levels = LevelTrack()  # recent caller levels: where the caller's speech truly ended
         self._resampled_t0: dict[int, float] = {}  # call time where each rate's resampled stream began
         self._preroll: deque[np.ndarray] = deque(maxlen=max(1, 200 // cfg.audio.frame_ms))
         self._pause_buf: list[np.ndarray] = []
@@ -232,6 +234,7 @@ class CallSession:
         if len(pcm) == 0:
             return
         f16 = AudioFrame(pcm, ASR_RATE, t16)
+        self._levels.push(t16, pcm, ASR_RATE)
         for ev in self.vad.process(f16):
             if ev.kind == "unvoiced":
                 self._unvoiced_ms += self.cfg.vad.frame_ms
@@ -750,11 +753,17 @@ class CallSession:
         if start is None:
             return
         utt.first_content_audio_s = start
+        audible_s = start + first_audible_offset(first, self.engines.tts.sample_rate) if first is not None else start
         if fallback_start is not None:
             utt.first_audio = "fallback"
             start = fallback_start
+            pcm = self._fallback_pcm.get(self.cfg.turn.fallback_text)
+            audible_s = start + (first_audible_offset(pcm, self.engines.tts.sample_rate) if pcm is not None else 0.0)
         utt.agent_audio_start_s = start
-        utt.gap_ms = (start - utt.user_speech_end_s) * 1000
+        utt.agent_audible_s = audible_s
+        utt.speech_end_s = self._levels.last_audible(utt.user_speech_end_s)
+        utt.vad_gap_ms = (start - utt.user_speech_end_s) * 1000
+        utt.gap_ms = (audible_s - utt.speech_end_s) * 1000
         utt.stages.update({
             "vad_endpoint": (t_commit - utt.user_speech_end_s) * 1000,
             "asr_final": (t_asr - t_commit) * 1000,

@@ -2,8 +2,10 @@
 and the first audible agent sound in the output track, both by an energy gate.
 
 - `speech_end`: the end of the last 10 ms frame of a clean clip within ``floor_db`` (40 dB)
-  of its loudest frame: the caller's last audible sample, not a VAD's decision (webrtcvad's
-  last voiced frame ends 0-220 ms later on phone audio).
+  of its loudest frame and at least ``above_noise_db`` (10 dB) over the clip's own noise
+  floor (its quietest tenth of frames; a recording's room tone is not speech): the caller's
+  last audible sample, not a VAD's decision (webrtcvad's last voiced frame ends 0-220 ms
+  later on phone audio, or earlier, inside a soft tail).
 - `audible_onsets`: where agent audio becomes audible after at least ``quiet_s`` of quiet:
   the first 10 ms frame within ``floor_db`` of the track's loudest frame (Piper starts
   quietly: its first audible sample comes 0-50 ms after its first sample).
@@ -26,12 +28,13 @@ def _frame_db(pcm: np.ndarray, rate: int) -> np.ndarray:
     return 20 * np.log10(rms)
 
 
-def speech_end(pcm: np.ndarray, rate: int, floor_db: float = 40.0) -> float:
+def speech_end(pcm: np.ndarray, rate: int, floor_db: float = 40.0, above_noise_db: float = 10.0) -> float:
     """Seconds from the clip's start to its last audible sample."""
     db = _frame_db(pcm, rate)
     if len(db) == 0:
         return 0.0
-    loud = np.nonzero(db >= db.max() - floor_db)[0]
+    gate = max(db.max() - floor_db, _noise_floor(db) + above_noise_db)
+    loud = np.nonzero(db >= gate)[0]
     return float((loud[-1] + 1) * FRAME_S) if len(loud) else 0.0
 
 
@@ -60,3 +63,10 @@ def gaps_from_truth(utts: list[tuple[float, float]], onsets: list[float]) -> lis
         after = [o for o in onsets if start < o < nxt]
         out.append(round((after[0] - end) * 1000, 1) if after else None)
     return out
+
+
+def _noise_floor(db: np.ndarray) -> float:
+    """The quietest tenth of the frames that carry any signal (digital silence, as between
+    the clips of a generated call, is no noise floor)."""
+    live = db[db > 10.0]
+    return float(np.percentile(live, 10)) if len(live) else -np.inf
