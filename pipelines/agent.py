@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from typing import Any
 
 from llm.responder import Responder
 from pipelines.config import AgentConfig
@@ -81,3 +82,15 @@ class _TrackedSession(CallSession):
             return await super().close(reason)
         finally:
             self._agent.sessions.pop(self.session_id, None)
+
+
+async def start_event_bridge(agent: Agent, cfg: AgentConfig) -> Any:
+    """The MQTT event bridge when ``cfg.mqtt.host`` names a broker, else None."""
+    if cfg.mqtt.host is None:
+        return None
+    try:
+        from pipelines.mqtt import start_mqtt
+    except ImportError:
+        log.warning("MQTT requested but pipelines.mqtt is not available")
+        return None
+    return await start_mqtt(agent, cfg.mqtt)

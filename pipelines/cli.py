@@ -40,7 +40,7 @@ def _inputs(paths: list[str]) -> list[Path]:
 
 
 async def _replay(args: argparse.Namespace) -> int:
-    from pipelines.agent import Agent
+    from pipelines.agent import Agent, start_event_bridge
     from pipelines.replay import replay_file
     from voice.audio import read_wav
 
@@ -51,7 +51,7 @@ async def _replay(args: argparse.Namespace) -> int:
         read_wav(p)
     multi = len(inputs) > 1
     agent = await Agent.load(cfg)
-    bridge = await _start_mqtt(agent, cfg)
+    bridge = await start_event_bridge(agent, cfg)
     reports: list[dict[str, Any]] = []
     try:
         progress = _progress(multi)
@@ -88,16 +88,6 @@ def _progress(enabled: bool) -> Any:
     from rich.progress import Progress
 
     return Progress(disable=not enabled, transient=False)
-
-
-async def _start_mqtt(agent: Any, cfg: AgentConfig) -> Any:
-    if cfg.mqtt.host is None:
-        return None
-    try:
-        from pipelines.mqtt import start_mqtt
-    except ImportError:
-        return None
-    return await start_mqtt(agent, cfg.mqtt)
 
 
 def _run_replay(args: argparse.Namespace) -> int:

@@ -107,7 +107,7 @@ async def entrypoint(ctx: Any) -> None:
     """livekit-agents job: join the room, talk to one caller at a time until the room closes."""
     from livekit.agents import AutoSubscribe
 
-    from pipelines.agent import Agent, load_engines
+    from pipelines.agent import Agent, load_engines, start_event_bridge
     from voice.transports.livekit_room import RoomAgent
 
     cfg = ctx.proc.userdata.get("config") or job_config()
@@ -122,14 +122,7 @@ async def entrypoint(ctx: Any) -> None:
         buffer_s=cfg.output.buffer_ms / 1000,
         rejoin_grace_s=cfg.livekit.rejoin_grace_s,
     )
-    bridge = None
-    if cfg.mqtt.host:
-        try:
-            from pipelines.mqtt import start_mqtt
-
-            bridge = await start_mqtt(agent, cfg.mqtt)
-        except ImportError:
-            log.warning("MQTT requested but pipelines.mqtt is not available")
+    bridge = await start_event_bridge(agent, cfg)
 
     async def _shutdown(reason: str) -> None:
         await room_agent.aclose()

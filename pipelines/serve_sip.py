@@ -88,7 +88,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def serve(config: AgentConfig, reports: str | None = None) -> int:
-    from pipelines.agent import Agent
+    from pipelines.agent import Agent, start_event_bridge
     from voice.transports.sip.server import SipServer
 
     # A thread waiting for the GIL gets it after at most this long: the RTP pacer thread must not
@@ -101,7 +101,7 @@ async def serve(config: AgentConfig, reports: str | None = None) -> int:
     except OSError as exc:
         print(f"voice-agent serve sip: cannot listen on udp {config.sip.bind}: {exc}", file=sys.stderr)
         return 1
-    bridge = await _start_mqtt(agent, config)
+    bridge = await start_event_bridge(agent, config)
     auth = "digest auth on" if server.auth else "no auth"
     print(
         f"SIP bridge listening on udp {host}:{port} (sip:agent@{host}:{port}; max {config.sip.max_calls} calls; "
@@ -121,13 +121,3 @@ async def serve(config: AgentConfig, reports: str | None = None) -> int:
             await bridge.close()
     return 0
 
-
-async def _start_mqtt(agent: Any, config: AgentConfig) -> Any:
-    if config.mqtt.host is None:
-        return None
-    try:
-        from pipelines.mqtt import start_mqtt
-    except ImportError:
-        log.warning("MQTT requested but pipelines.mqtt is not available")
-        return None
-    return await start_mqtt(agent, config.mqtt)

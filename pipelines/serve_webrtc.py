@@ -252,7 +252,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def serve(config: AgentConfig, token: str) -> int:
-    from pipelines.agent import Agent
+    from pipelines.agent import Agent, start_event_bridge
 
     agent = await Agent.load(config)
     server = WebrtcServer(agent, config, token)
@@ -264,14 +264,7 @@ async def serve(config: AgentConfig, token: str) -> int:
             file=sys.stderr,
         )
         return 1
-    bridge = None
-    if config.mqtt.host:
-        try:
-            from pipelines.mqtt import start_mqtt
-
-            bridge = await start_mqtt(agent, config.mqtt)
-        except ImportError:
-            log.warning("MQTT requested but pipelines.mqtt is not available")
+    bridge = await start_event_bridge(agent, config)
     print(f"WebRTC calls: open {url}?token={token}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

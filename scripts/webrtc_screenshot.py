@@ -27,22 +27,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.chromium import CHROMIUM, FLAGS  # noqa: E402
 from voice.audio import read_wav, resample, write_wav  # noqa: E402
 
-CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = [  # as tests/test_webrtc_browser.py
-    "--use-fake-ui-for-media-stream",
-    "--use-fake-device-for-media-stream",
-    "--allow-loopback-in-peer-connection",
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--autoplay-policy=no-user-gesture-required",
-]
 VIEWPORT = {"width": 1100, "height": 420}
 
 

@@ -21,26 +21,13 @@ import pytest_asyncio
 
 from pipelines.config import AgentConfig
 from pipelines.serve_webrtc import WebrtcServer
+from tests.chromium import CHROMIUM, FLAGS
 from tests.speech import librivox
 from voice.asr import normalize_words
 from voice.audio import read_wav, resample, write_wav
 from voice.vad import WebRtcVad
 
-CHROMIUM = Path("/usr/bin/chromium")
 TOKEN = "browser-test-token"
-FLAGS = [
-    "--use-fake-ui-for-media-stream",
-    "--use-fake-device-for-media-stream",
-    "--allow-loopback-in-peer-connection",
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--autoplay-policy=no-user-gesture-required",
-]
 
 pytestmark = [
     pytest.mark.peer,
