@@ -61,7 +61,7 @@ from llm.responder import Responder  # noqa: E402
 from pipelines.config import BudgetConfig  # noqa: E402
 
 SGD_SOURCE = ROOT.parent / "shared" / "data" / "sgd-dialogues.jsonl.gz"
-SGD_PER_SPLIT = 60
+SGD_PER_SPLIT = 100
 SEED = 1234
 
 

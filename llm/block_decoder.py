@@ -18,13 +18,17 @@ For each block of ``block`` positions, all masks at first:
 - a finished block enters the cache in the same forward pass as the next block's first
   denoising pass (its rows causal, the new block's rows seeing it), so caching costs no
   pass of its own;
-- anytime: when the wall-clock ``deadline`` has passed, each pass fills all of its block's
-  masks at once, so a late reply still ends within one pass per remaining block;
+- anytime: once the wall-clock ``deadline`` has passed, the reply ends at the last sentence
+  end (".", "!", "?") it already holds, or at the next one it writes; past ``overrun_s``
+  more it ends where it is. A late reply is shorter, not broken (filling every open
+  position at once, as a masked LM's anytime decoder does, measured 47 % grammatical at a
+  40 ms deadline against 97 % without one);
 - ``max_passes`` caps the passes a block gets (the last one fills what is left).
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +48,7 @@ class BlockOptions:
     no_adjacent_repeat: bool = True
     no_repeat_ngram: int = 3  # 0: allowed
     deadline: float | None = None  # absolute time.perf_counter() value
+    overrun_s: float = 0.06  # after the deadline, how long a sentence may take to finish
 
     def __post_init__(self) -> None:
         if self.block < 1 or self.max_passes < 1 or self.max_tokens < 1:
@@ -53,9 +58,10 @@ class BlockOptions:
 
 
 class BlockDiffusionDecoder:
-    def __init__(self, model: GPT2LMHeadModel, special: SpecialTokens) -> None:
+    def __init__(self, model: GPT2LMHeadModel, special: SpecialTokens, sentence_ends: set[int] | None = None) -> None:
         self.model = model.eval()
         self.special = special
+        self.sentence_ends = sentence_ends or set()  # tokens that end a sentence
         self._never = torch.tensor(sorted({special.mask, special.pad, *special.forbidden}))
 
     def _forward(self, ids: list[int], start_pos: int, cache: DynamicCache, causal_rows: int) -> torch.Tensor:
@@ -95,8 +101,8 @@ class BlockDiffusionDecoder:
         out: list[int] = []
         conf: list[float] = []
         pending: list[int] = []  # a finished block not yet in the cache
-        ended = False
-        while not ended and len(out) < opts.max_tokens:
+        ended = stopped = False
+        while not (ended or stopped) and len(out) < opts.max_tokens:
             n = min(b, opts.max_tokens - len(out))
             block: list[int | None] = [None] * n
             bconf = [0.0] * n
@@ -112,14 +118,24 @@ class BlockDiffusionDecoder:
                     pending = []
                 hb = hb[-n:]
                 probs = torch.cat([first[None], self._probs(hb[:-1])]) if n > 1 else first[None]
-                late = opts.deadline is not None and time.perf_counter() >= opts.deadline
-                fill_all = late or pass_no == opts.max_passes - 1
+                now = time.perf_counter()
+                late = opts.deadline is not None and now >= opts.deadline
+                fill_all = pass_no == opts.max_passes - 1
                 open_before = block.count(None)
                 self._commit(block, bconf, probs, opts, fill_all, out)
                 stats.steps += 1
                 stats.tokens_per_step.append(open_before - block.count(None))
                 stats.step_times.append(time.perf_counter() - ts)
                 stats.deadline_hit |= late
+                if late:
+                    known = out + list(itertools.takewhile(lambda t: t is not None, block))
+                    cut = max((i + 1 for i, t in enumerate(known) if t in self.sentence_ends), default=None)
+                    gone = opts.deadline is not None and now >= opts.deadline + opts.overrun_s
+                    if cut is not None or gone:
+                        known = [t for t in known[: cut or len(known)] if t not in ends]
+                        conf = (conf + bconf)[: len(known)]
+                        out, ended, stopped = known, cut is not None, True
+                        break
                 end_at = next((i for i, t in enumerate(block) if t in ends), None)
                 if end_at is not None and all(t is not None for t in block[:end_at]):
                     out += [t for t in block[:end_at] if t is not None]

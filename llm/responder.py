@@ -40,11 +40,19 @@ class Reply:
     remasked: int = -1  # positions re-decoded by a warm start (-1: cold start)
 
 
+def sentence_end_ids(lm: LoadedLM) -> set[int]:
+    """Tokens whose text ends a sentence (".", "!", "?", possibly after a closing quote)."""
+    n = int(getattr(lm.model.config, "vocab_size", 0))
+    return {i for i in range(n) if lm.decode([i]).rstrip("\"')").endswith((".", "!", "?"))}
+
+
 class Responder:
     def __init__(self, lm: LoadedLM, cfg: LlmConfig, probe_lm: LoadedLM | None = None) -> None:
         self.lm = lm
         self.cfg = cfg
-        self.blocks = BlockDiffusionDecoder(lm.model, lm.special) if lm.kind == "bdlm" else None
+        self.blocks = (
+            BlockDiffusionDecoder(lm.model, lm.special, sentence_end_ids(lm)) if lm.kind == "bdlm" else None
+        )
         self.probe_lm = probe_lm or lm
         probe_dir = self.probe_lm.path
         self.turn_end: TurnEndProbe | None = TurnEndProbe.load(probe_dir) if probe_dir.is_dir() else None

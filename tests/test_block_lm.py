@@ -14,6 +14,7 @@ from transformers import DynamicCache, GPT2LMHeadModel
 from llm import block_lm
 from llm.ar import AR_WEIGHTS
 from llm.block_decoder import BlockDiffusionDecoder, BlockOptions
+from llm.config import LlmConfig
 from llm.decoder import DecodeCancelled, SpecialTokens
 from llm.tokenizer import ChatTokenizer
 
@@ -97,13 +98,24 @@ def test_generate_ends_and_counts_passes(parts) -> None:  # noqa: ANN001
     assert len(res.confidence) == len(res.ids)
 
 
-def test_past_deadline_each_block_gets_one_pass(parts) -> None:  # noqa: ANN001
-    _, tok, dec = parts
-    res = dec.generate(tok.prompt_ids("I forgot my password again.", 32),
-                       BlockOptions(block=8, tau=1.0, max_tokens=32, deadline=time.perf_counter()))
-    assert res.stats.deadline_hit
-    assert len(res.stats.tokens_per_step) <= 32 // 8
-    assert tok.special.mask not in res.ids
+def test_past_deadline_the_reply_ends_at_a_sentence_end(parts) -> None:  # noqa: ANN001
+    model, tok, _ = parts
+    from llm.loader import load_lm
+    from llm.responder import sentence_end_ids
+
+    sp = tok.special
+    ends = sentence_end_ids(load_lm(LlmConfig(model_path=str(AR_WEIGHTS.parent / "bdlm"))))
+    assert tok.encode(".")[-1] in ends and tok.encode(" hello")[-1] not in ends
+    dec = BlockDiffusionDecoder(model, SpecialTokens(sp.mask, sp.eot, sp.pad, (sp.bos, sp.sep)), ends)
+    prompt = tok.prompt_ids("I forgot my password again.", 32)
+    full = dec.generate(prompt, BlockOptions(block=8, tau=1.0, max_tokens=32))
+    late = dec.generate(prompt, BlockOptions(block=8, tau=1.0, max_tokens=32, deadline=time.perf_counter()))
+    assert late.stats.deadline_hit
+    assert late.ids == full.ids[: len(late.ids)]  # the same words, cut, never filled in a hurry
+    assert late.ended == (late.ids[-1] in ends) and sp.mask not in late.ids
+    # with no time to finish a sentence, the reply stops where it is
+    rushed = dec.generate(prompt, BlockOptions(block=8, tau=1.0, deadline=time.perf_counter(), overrun_s=0.0))
+    assert len(rushed.ids) <= len(late.ids) and len(rushed.stats.tokens_per_step) == 1
 
 
 def test_should_stop_cancels_between_passes(parts) -> None:  # noqa: ANN001
