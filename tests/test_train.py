@@ -15,20 +15,21 @@ from pipelines.config import LlmConfig
 pytest.importorskip("chitchat_dataset", reason="training data comes from chitchat-dataset (extra 'train')")
 
 
-@pytest.mark.parametrize(("arch", "bf16"), [("mdlm", True), ("ar", False)])
+@pytest.mark.parametrize(("arch", "bf16"), [("mdlm", True), ("ar", False), ("bdlm", True)])
 def test_a_few_steps_train_save_and_load(tmp_path: Path, arch: str, bf16: bool) -> None:
     from llm.train import main
 
     out = tmp_path / arch
+    extra = ["--init", str(EMBEDDED), "--sgd", "--grammatical"] if arch == "bdlm" else []
     argv = ["--arch", arch, "--out", str(out), "--tokenizer", str(EMBEDDED), "--max-steps", "3",
-            "--batch", "4", "--minutes", "1"] + (["--bf16"] if bf16 else [])
+            "--batch", "4", "--minutes", "1"] + (["--bf16"] if bf16 else []) + extra
     main(argv)
     meta = json.loads((out / "train_meta.json").read_text())
     assert meta["steps"] == 3 and meta["bf16_autocast"] is bf16
     assert all(torch.isfinite(torch.tensor(meta["loss_curve"])))
-    if arch == "mdlm":
+    if arch in ("mdlm", "bdlm"):
         lm = load_lm(LlmConfig(model_path=str(out)))  # the saved directory is a loadable checkpoint
-        assert lm.kind == "masked_lm"
+        assert lm.kind == ("masked_lm" if arch == "mdlm" else "bdlm")
     else:
         from llm.ar import ArLM
 
