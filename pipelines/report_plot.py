@@ -1,8 +1,9 @@
 """The timeline picture of a call report (matplotlib, no display needed).
 
 See pipelines/report_view.py for what it shows. Times in the per-turn panels are ms from
-the end of the caller's speech, so the gap reads straight off the axis: the agent's audio
-starts at x = gap_ms, and the dotted red line is the target.
+the end of the caller's speech as the VAD saw it, so the agent's audio starts at
+x = vad_gap_ms and the dotted red line is the target; titles also give gap_ms, the gap as
+the caller hears it (from the last audible caller sound to the first audible agent sound).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def _budget_bars(ax: Axes, turns: list[dict[str, Any]], budgets: dict[str, float
     ]
     for t in turns:
         stages = {s: v for s in STAGES if (v := _num((t.get("stages") or {}).get(s))) is not None}
-        rows.append((f"turn {t.get('index', '?')}", stages, turn_budgets(t, budgets), _num(t.get("gap_ms"))))
+        rows.append((f"turn {t.get('index', '?')}", stages, turn_budgets(t, budgets), _heard_gap(t)))
     xmax = budgets["target"]
     for y, (label, stages, b, gap) in enumerate(rows):
         left = 0.0
@@ -102,7 +103,7 @@ def _budget_bars(ax: Axes, turns: list[dict[str, Any]], budgets: dict[str, float
             left += ms
         xmax = max(xmax, left)
         if label != "budget":
-            note = "no reply" if gap is None else f"gap {gap:.0f} ms"
+            note = "no reply" if gap is None else f"heard gap {gap:.0f} ms"
             ax.text(left, y, f"  {note}", va="center", fontsize=8, color=OVER if gap and gap > b["target"] else "k")
     ax.axvline(budgets["target"], color=OVER, linestyle=":", linewidth=1.5)
     ax.text(budgets["target"], -0.75, f" target {budgets['target']:.0f} ms", color=OVER, fontsize=8, va="bottom")
@@ -152,7 +153,8 @@ def _waterfall(ax: Axes, turn: dict[str, Any], budgets: dict[str, float]) -> Non
 
     start = rel(turn.get("user_speech_start_s"))
     agent_start, agent_end = rel(turn.get("agent_audio_start_s")), rel(turn.get("agent_audio_end_s"))
-    gap = _num(turn.get("gap_ms"))
+    gap = _axis_gap(turn)
+    heard = _heard_gap(turn)
     stages = turn.get("stages") or {}
     spec = turn.get("speculation") or {}
     spec_starts = [r for s in spec.get("started") or [] if isinstance(s, dict) and (r := rel(s.get("t"))) is not None]
@@ -257,7 +259,8 @@ def _waterfall(ax: Axes, turn: dict[str, Any], budgets: dict[str, float]) -> Non
     ax.set_ylim(len(LANES) - 0.1, -1.2)
     ax.grid(axis="x", alpha=0.3)
     title = f"turn {turn.get('index', '?')} at {end_s:.2f} s: "
-    title += "no reply" if gap is None else f"gap {gap:.0f} ms (target {budgets['target']:.0f})"
+    title += "no reply" if heard is None else (
+        f"heard gap {heard:.0f} ms, {gap:.0f} ms from the VAD's end (target {budgets['target']:.0f})")
     worst = max(
         (v for v in turn.get("violations") or [] if isinstance(v, dict)),
         key=lambda v: _num(v.get("over_ms")) or 0.0,
@@ -301,3 +304,13 @@ def _tick(ms: float) -> str:
     if abs(ms) < 0.5:
         return "0"
     return f"{ms / 1000:+.1f} s" if abs(ms) >= 1000 else f"{ms:+.0f}"
+
+
+def _axis_gap(turn: dict[str, Any]) -> float | None:
+    """The gap on the panels' axis, from the VAD's end of speech (older reports: gap_ms)."""
+    v = _num(turn.get("vad_gap_ms"))
+    return v if v is not None else _num(turn.get("gap_ms"))
+
+
+def _heard_gap(turn: dict[str, Any]) -> float | None:
+    return _num(turn.get("gap_ms"))
