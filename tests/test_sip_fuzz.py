@@ -60,6 +60,7 @@ class LiveBridge:
         self.uac.ack()
         self.rtp_dest = ("127.0.0.1", sdp_port(ok.body))
         self.stop = threading.Event()
+        self.stream_t0 = time.monotonic()
         self.streaming = concurrent.futures.ThreadPoolExecutor(1).submit(self._stream)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("127.0.0.1", 0))
@@ -241,7 +242,9 @@ def test_garbage_rtp_does_not_touch_the_live_call(bridge, packet):
 
 
 def test_the_live_call_survived_intact(bridge):
-    """Runs last in this module: the call streamed through all of the fuzzing."""
+    """Runs last in this module: the call streamed through all of the fuzzing (and for at
+    least 2.5 s: the fuzzing alone can take less)."""
+    time.sleep(max(0.0, bridge.stream_t0 + 2.5 - time.monotonic()))
     bridge.stop.set()
     sent = bridge.streaming.result(10)
     bridge.run(asyncio.sleep(1.2))  # the jitter buffer plays out the last packets
