@@ -60,11 +60,12 @@ class Responder:
             self.turn_end.prepare(self.probe_lm)  # now, not on a call's first hypothesis
 
     @classmethod
-    def load(cls, cfg: LlmConfig | None = None) -> Responder:
+    def load(cls, cfg: LlmConfig | None = None, turn_end: bool = True) -> Responder:
+        """``turn_end=False``: replies only, no end-of-turn probe (and no second model for it)."""
         cfg = cfg or LlmConfig()
         lm = load_lm(cfg)
         probe_lm = None
-        if not (lm.path / PROBE_FILE).exists():
+        if turn_end and not (lm.path / PROBE_FILE).exists():
             probe_path = cfg.turn_end_model_path or str(EMBEDDED_MDLM)
             # the probe was fitted on float32 features
             probe_lm = load_lm(LlmConfig(model_path=probe_path, dtype="float32", threads=cfg.threads))

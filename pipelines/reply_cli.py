@@ -74,7 +74,7 @@ def _run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(cfg.llm.threads)
     try:
-        responder = Responder.load(cfg.llm)
+        responder = Responder.load(cfg.llm, turn_end=False)  # the reply alone
     except ModelLoadError as exc:
         print(f"voice-agent: error: {exc}", file=sys.stderr)
         return 2
