@@ -53,6 +53,16 @@ def audible_onsets(track: np.ndarray, rate: int, floor_db: float = 40.0, quiet_s
     return out
 
 
+def first_audible_after(track: np.ndarray, rate: int, t: float, floor_db: float = 40.0) -> float | None:
+    """The start of the first audible 10 ms frame of ``track`` at or after ``t`` (s)."""
+    db = _frame_db(track, rate)
+    if len(db) == 0:
+        return None
+    start = max(0, int(t / FRAME_S))
+    loud = np.nonzero(db[start:] >= db.max() - floor_db)[0]
+    return float((start + loud[0]) * FRAME_S) if len(loud) else None
+
+
 def gaps_from_truth(utts: list[tuple[float, float]], onsets: list[float]) -> list[float | None]:
     """For each utterance (start, true end): ms from its true end to the first agent onset
     after its start and before the next utterance's start (None: no reply). An onset before
