@@ -45,7 +45,8 @@ SPEECH = Path(os.environ.get("VOICE_AGENT_SPEECH", Path.home() / ".cache" / "voi
 CACHE = Path.home() / ".cache" / "voice-agent" / "eval_calls"
 SPLITS = ("dev", "test")
 LEAD_IN_S = 0.6
-FLOOR_DB = 40.0  # the gate: within 40 dB of the loudest frame (tests/ground_truth.py)
+FLOOR_DB = 35.0  # the gate: within 35 dB of the loudest frame (tests/ground_truth.py's rule, 35 not 40 dB)
+PEAK_DBFS = (-16.0, -12.0)  # each turn's loudest 10 ms frame is scaled into this range
 CUT_QUIET_DB = 20.0  # a cut point's 10 ms either side lies this far below the loudest frame
 FUNCTION = frozenset(
     "the a an to of is are was were be been please which and or but for in on at by with from that this "
@@ -227,14 +228,14 @@ def _whisper_words(units: list[Unit]) -> None:
 
 def _gate(x: np.ndarray) -> tuple[np.ndarray, float]:
     db = _frame_db(x, RATE)
-    return db, max(db.max() - FLOOR_DB, _noise_floor(db) + 10.0)
+    return db, max(db.max() - FLOOR_DB, _noise_floor(db) + 10.0)  # as tests/ground_truth.speech_end
 
 
 def audible_span(x: np.ndarray) -> tuple[float, float]:
     """(first audible sample, last audible sample) in seconds, by tests/ground_truth.py's gate."""
     db, gate = _gate(x)
     loud = np.nonzero(db >= gate)[0]
-    return float(loud[0] * FRAME_S), speech_end(x, RATE)
+    return float(loud[0] * FRAME_S), speech_end(x, RATE, floor_db=FLOOR_DB)
 
 
 def _window_db(x: np.ndarray, a: float, b: float) -> float:
@@ -271,9 +272,17 @@ class Turn:
     pauses: list[dict]  # times relative to the turn audio's start
     start_s: float = 0.0
     end_s: float = 0.0
+    gate_db: float = 0.0
 
     def __post_init__(self) -> None:
+        # whole 10 ms frames, ending in silence: a clip cut off inside a sound ends there
+        n = -len(self.audio) % int(RATE * FRAME_S) + int(RATE * 0.1)
+        self.audio = np.concatenate([self.audio, np.zeros(n)])
+        frac = _hash("+".join(u.id for u in self.units)) % 1000 / 1000
+        target = PEAK_DBFS[0] + frac * (PEAK_DBFS[1] - PEAK_DBFS[0]) + 90.31
+        self.audio = self.audio * 10 ** ((target - _frame_db(self.audio, RATE).max()) / 20)
         self.start_s, self.end_s = audible_span(self.audio)
+        self.gate_db = _gate(self.audio)[1]
 
 
 def _trimmed(u: Unit, head: float, tail: float) -> tuple[np.ndarray, float]:
@@ -310,17 +319,30 @@ def _pause_turn(u: Unit, rng: np.random.Generator, prefer: str) -> Turn | None:
     return Turn("pause", [u], np.concatenate(parts), u.text, pauses)
 
 
+def _deep_span(x: np.ndarray, below_db: float = 50.0) -> tuple[int, int]:
+    """Samples [first, last) of the frames within ``below_db`` of the loudest: a faint tail
+    beyond them is cut, no sound."""
+    db = _frame_db(x, RATE)
+    loud = np.nonzero(db >= db.max() - below_db)[0]
+    n = int(RATE * FRAME_S)
+    return int(loud[0] * n), int((loud[-1] + 1) * n)
+
+
 def _join_turn(a: Unit, b: Unit, rng: np.random.Generator) -> Turn:
-    xa, _ = _trimmed(a, 0.15, 0.05)
-    xb, _ = _trimmed(b, 0.05, 0.25)
-    gap = float(rng.uniform(0.2, 0.4))
-    pa = _trimmed(a, 0.15, 0.0)[0]
-    audio = np.concatenate([xa, np.zeros(int(round((gap - 0.1) * RATE))), xb])
-    s = len(pa) / RATE
-    e = (len(xa) + int(round((gap - 0.1) * RATE))) / RATE + 0.05
+    """Sentence a, 200-400 ms of digital silence, sentence b; the silence joins a's last and
+    b's first frame within 50 dB of their loudest (the 35 dB gate's gap is a little longer)."""
+    xa, xb = a.audio(), b.audio()
+    a0 = max(0, int((audible_span(xa)[0] - 0.15) * RATE))
+    a1 = _deep_span(xa)[1]
+    b0 = _deep_span(xb)[0]
+    b1 = min(len(xb), int((audible_span(xb)[1] + 0.25) * RATE))
+    gap = int(round(float(rng.uniform(0.2, 0.4)) * RATE))
+    audio = np.concatenate([xa[a0:a1], np.zeros(gap), xb[b0:b1]])
+    s = (a1 - a0) / RATE
     last = a.text.split()[-1] if a.text else None
     text = f"{a.text} {b.text}" if a.text and b.text else None
-    return Turn("join", [a, b], audio, text, [{"start_s": s, "end_s": e, "after_word": last, "kind": "join"}])
+    return Turn("join", [a, b], audio, text, [{"start_s": s, "end_s": s + gap / RATE, "after_word": last,
+                                                "kind": "join"}])
 
 
 def _whole_turn(u: Unit, kind: str) -> Turn:
@@ -419,7 +441,7 @@ def _calls(split: str, units: list[Unit]) -> list[dict]:
 def _assemble(call_id: str, split: str, index: int, turns: list[Turn], rng: np.random.Generator) -> dict:
     pieces, truth_turns, t = [], [], LEAD_IN_S
     for tr in turns:
-        at = int(round(t * RATE))
+        at = int(round(t / FRAME_S)) * int(RATE * FRAME_S)  # on the 10 ms grid: truth times are exact
         pieces.append((at, tr.audio))
         start, end = at / RATE + tr.start_s, at / RATE + tr.end_s
         speech = tr.end_s - tr.start_s
@@ -427,6 +449,7 @@ def _assemble(call_id: str, split: str, index: int, turns: list[Turn], rng: np.r
         truth_turns.append({
             "start_s": round(start, 3), "end_s": round(end, 3), "kind": tr.kind, "text": tr.text,
             "speaker": tr.units[0].speaker, "sources": [u.id for u in tr.units], "gap_after_s": round(gap, 3),
+            "gate_dbfs": round(tr.gate_db - 90.31, 2),
             "pauses": [{**p, "start_s": round(at / RATE + p["start_s"], 3), "end_s": round(at / RATE + p["end_s"], 3)}
                        for p in tr.pauses],
         })

@@ -1,0 +1,89 @@
+"""The turn-taking evaluation set of real speech (bench/eval_calls.py, docs/eval_set.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from bench import eval_calls as ec
+
+KINDS = ("pause", "join", "short", "sentence")
+FS = ec.RATE
+
+
+@pytest.fixture(scope="module")
+def calls() -> dict[str, list[dict]]:
+    try:
+        return {s: ec.load_calls(s) for s in ec.SPLITS}
+    except FileNotFoundError as exc:
+        pytest.fail(f"{exc} (make setup)")
+
+
+@pytest.fixture(scope="module")
+def clean() -> dict[str, list[dict]]:
+    return {s: ec.clean_calls(s) for s in ec.SPLITS}
+
+
+def _db(x: np.ndarray, a: float, b: float) -> float:
+    seg = x[int(round(a * FS)): int(round(b * FS))]
+    return float(20 * np.log10(np.sqrt(np.mean(seg * seg)) + 1e-9))
+
+
+def test_size_speakers_and_split(calls):
+    every = calls["dev"] + calls["test"]
+    turns = [t for c in every for t in c["truth"]["turns"]]
+    assert len(every) >= 40 and len(turns) >= 120
+    assert len({t["speaker"] for t in turns}) >= 6
+    test_turns = [t for c in calls["test"] for t in c["truth"]["turns"]]
+    assert len(calls["test"]) >= 20 and len(test_turns) >= 60
+    src = {s: {u for c in calls[s] for t in c["truth"]["turns"] for u in t["sources"]} for s in ec.SPLITS}
+    assert not src["dev"] & src["test"]
+    for s in ec.SPLITS:
+        ts = [t for c in calls[s] for t in c["truth"]["turns"]]
+        kinds = [t["kind"] for t in ts]
+        for k in KINDS:
+            assert kinds.count(k) >= 10, (s, k)
+        pauses = [p["kind"] for t in ts for p in t["pauses"]]
+        for k in ("function", "content", "join"):
+            assert pauses.count(k) >= 5, (s, k)
+        assert {c["truth"]["codec"] for c in calls[s]} == {"none", "pcmu"}
+        assert any(c["truth"]["noise_snr_db"] == 25.0 for c in calls[s])
+
+
+def test_files_match_truth(calls):
+    for c in calls["dev"][:4] + calls["test"][:4]:
+        info = sf.info(c["wav"])
+        assert info.samplerate == c["rate"] == (8000 if c["truth"]["codec"] == "pcmu" else 16000)
+        assert info.channels == 1 and info.subtype == "PCM_16"
+        turns = c["truth"]["turns"]
+        assert 3 <= len(turns) <= 4 and turns[0]["start_s"] >= ec.LEAD_IN_S
+        assert turns[-1]["end_s"] + 3.4 < info.duration
+        for a, b in zip(turns, turns[1:], strict=False):
+            assert b["start_s"] - a["end_s"] >= 3.4
+
+
+def test_truth_on_clean_audio(calls, clean):
+    """Ends lie on audible speech; inserted pauses are silent in the clean source, and a
+    mid-sentence cut lies at a quiet point (not inside a word)."""
+    for s in ec.SPLITS:
+        assert [c["truth"] for c in clean[s]] == [c["truth"] for c in calls[s]]  # the cache is this build
+        for c in clean[s]:
+            x, tr = c["clean"], c["truth"]
+            floor = tr["noise_floor_dbfs"] + 90.31  # on the int16 scale
+            for t in tr["turns"]:
+                peak = max(_db(x, a, a + 0.01) for a in np.arange(t["start_s"], t["end_s"], 0.01))
+                gate = t["gate_dbfs"] + 90.31
+                assert gate >= peak - ec.FLOOR_DB - 0.1
+                last = _db(x, t["end_s"] - 0.01, t["end_s"])
+                assert last >= gate - 0.1 and last >= floor + 3, (c["id"], t)
+                assert _db(x, t["start_s"], t["start_s"] + 0.01) >= gate - 0.1
+                assert all(_db(x, a, a + 0.01) < gate + 0.1
+                           for a in np.arange(t["end_s"], t["end_s"] + 1.0, 0.01)), (c["id"], t)
+                for p in t["pauses"]:
+                    assert 0.2 <= p["end_s"] - p["start_s"] <= 0.8 + 1e-6
+                    assert _db(x, p["start_s"], p["end_s"]) < floor + 10, (c["id"], p)
+                    if p["kind"] != "join":
+                        assert p["end_s"] - p["start_s"] >= 0.4 - 1e-6
+                        assert _db(x, p["start_s"] - 0.01, p["start_s"]) <= peak - 15, (c["id"], p)
+                        assert _db(x, p["end_s"], p["end_s"] + 0.01) <= peak - 15, (c["id"], p)
