@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.ground_truth import FRAME_S, _frame_db, _noise_floor, speech_end  # noqa: E402
+from tests.ground_truth import FRAME_S, _frame_db, _noise_floor  # noqa: E402
 
 VERSION = "v1"
 RATE = 16000
@@ -83,6 +83,7 @@ class Unit:
     text: str | None
     raw_rate: int | None = None  # headerless int16 files
     words: list[tuple[str, float, float]] | None = None  # (word, begin_s, end_s) in the clip
+    floor_db: float = -np.inf  # the noise floor of this source's recordings (int16-scale dB)
     _audio: np.ndarray | None = field(default=None, repr=False)
 
     def audio(self) -> np.ndarray:
@@ -164,6 +165,13 @@ def sources() -> list[Unit]:
     missing = [u.path for u in units if not u.path.exists()]
     if missing:
         raise FileNotFoundError(f"missing speech {missing[:3]}: run scripts/fetch_speech.py")
+    # one noise floor per source (tests/ground_truth._noise_floor over all its clips): a clip
+    # that is nearly all speech has no floor of its own
+    for src in {u.source for u in units}:
+        mine = [u for u in units if u.source == src]
+        floor = _noise_floor(np.concatenate([_frame_db(u.audio(), RATE) for u in mine]))
+        for u in mine:
+            u.floor_db = floor
     return sorted(units, key=lambda u: u.id)
 
 
@@ -226,16 +234,20 @@ def _whisper_words(units: list[Unit]) -> None:
 # ---------------------------------------------------------------------------- turns
 
 
-def _gate(x: np.ndarray) -> tuple[np.ndarray, float]:
+def _gate(x: np.ndarray, floor_db: float | None = None) -> tuple[np.ndarray, float]:
+    """tests/ground_truth.speech_end's gate (35 dB here), with the noise floor of the source
+    when given, else of ``x``."""
     db = _frame_db(x, RATE)
-    return db, max(db.max() - FLOOR_DB, _noise_floor(db) + 10.0)  # as tests/ground_truth.speech_end
+    floor = _noise_floor(db) if floor_db is None else floor_db
+    return db, max(db.max() - FLOOR_DB, floor + 10.0)
 
 
-def audible_span(x: np.ndarray) -> tuple[float, float]:
-    """(first audible sample, last audible sample) in seconds, by tests/ground_truth.py's gate."""
-    db, gate = _gate(x)
+def audible_span(x: np.ndarray, floor_db: float | None = None) -> tuple[float, float]:
+    """(first audible sample, last audible sample) in seconds: the start of the first and the
+    end of the last 10 ms frame over the gate."""
+    db, gate = _gate(x, floor_db)
     loud = np.nonzero(db >= gate)[0]
-    return float(loud[0] * FRAME_S), speech_end(x, RATE, floor_db=FLOOR_DB)
+    return float(loud[0] * FRAME_S), float((loud[-1] + 1) * FRAME_S)
 
 
 def _window_db(x: np.ndarray, a: float, b: float) -> float:
@@ -280,16 +292,18 @@ class Turn:
         self.audio = np.concatenate([self.audio, np.zeros(n)])
         frac = _hash("+".join(u.id for u in self.units)) % 1000 / 1000
         target = PEAK_DBFS[0] + frac * (PEAK_DBFS[1] - PEAK_DBFS[0]) + 90.31
-        self.audio = self.audio * 10 ** ((target - _frame_db(self.audio, RATE).max()) / 20)
-        self.start_s, self.end_s = audible_span(self.audio)
-        self.gate_db = _gate(self.audio)[1]
+        gain_db = target - _frame_db(self.audio, RATE).max()
+        self.audio = self.audio * 10 ** (gain_db / 20)
+        floor = self.units[0].floor_db + gain_db
+        self.start_s, self.end_s = audible_span(self.audio, floor)
+        self.gate_db = _gate(self.audio, floor)[1]
 
 
 def _trimmed(u: Unit, head: float, tail: float) -> tuple[np.ndarray, float]:
     """The clip from ``head`` s before its first audible sample to ``tail`` s after its last;
     and the offset (s) of the cut start in the clip."""
     x = u.audio()
-    a, b = audible_span(x)
+    a, b = audible_span(x, u.floor_db)
     s0 = max(0, int((a - head) * RATE))
     return x[s0: min(len(x), int((b + tail) * RATE))], s0 / RATE
 
@@ -332,10 +346,10 @@ def _join_turn(a: Unit, b: Unit, rng: np.random.Generator) -> Turn:
     """Sentence a, 200-400 ms of digital silence, sentence b; the silence joins a's last and
     b's first frame within 50 dB of their loudest (the 35 dB gate's gap is a little longer)."""
     xa, xb = a.audio(), b.audio()
-    a0 = max(0, int((audible_span(xa)[0] - 0.15) * RATE))
+    a0 = max(0, int((audible_span(xa, a.floor_db)[0] - 0.15) * RATE))
     a1 = _deep_span(xa)[1]
     b0 = _deep_span(xb)[0]
-    b1 = min(len(xb), int((audible_span(xb)[1] + 0.25) * RATE))
+    b1 = min(len(xb), int((audible_span(xb, b.floor_db)[1] + 0.25) * RATE))
     gap = int(round(float(rng.uniform(0.2, 0.4)) * RATE))
     audio = np.concatenate([xa[a0:a1], np.zeros(gap), xb[b0:b1]])
     s = (a1 - a0) / RATE
