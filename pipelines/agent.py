@@ -7,12 +7,15 @@ import logging
 import os
 from typing import Any
 
+import numpy as np
+
 from llm.responder import Responder
 from pipelines.config import AgentConfig
 from pipelines.events import EventBus
 from pipelines.session import CallSession, Engines
 from pipelines.transport import AudioOutput, Clock
 from voice.asr import WhisperEngine
+from voice.smart_turn import SmartTurn
 from voice.tts import PiperTTS
 
 log = logging.getLogger(__name__)
@@ -32,7 +35,11 @@ def load_engines(cfg: AgentConfig) -> Engines:
     asr.warmup()
     responder.generate("hello")
     tts.synth("Hello.")
-    return Engines(asr=asr, responder=responder, tts=tts)
+    turn_audio = None
+    if cfg.turn.smart_turn:
+        turn_audio = SmartTurn(cfg.turn.smart_turn_model)
+        turn_audio.predict(np.zeros(16000, np.float32))
+    return Engines(asr=asr, responder=responder, tts=tts, turn_audio=turn_audio)
 
 
 class Agent:

@@ -38,6 +38,9 @@ class VadConfig(Section):
     frame_ms: Literal[10, 20, 30] = 20
     start_ms: int = Field(60, ge=10, le=1000, description="voiced run that starts speech")
     stop_ms: int = Field(80, ge=20, le=3000, description="unvoiced run that marks a pause")
+    level_gate_db: float = Field(
+        40.0, ge=0, le=90, description="a frame this far below the caller's loudest of the last 10 s (or within "
+                                       "10 dB of the line's noise floor) is unvoiced; 0 turns the gate off")
 
 
 class TurnConfig(Section):
@@ -47,6 +50,10 @@ class TurnConfig(Section):
     adapt_to_caller: bool = True
     lm_end_of_turn: bool = Field(
         True, description="ask the LM how likely the hypothesis is a whole turn (needs the model's turn_end.json)")
+    smart_turn: bool = Field(
+        True, description="weigh Smart Turn v3.2's reading of the pause's sound beside the words "
+                          "(needs the model from scripts/fetch_models.py)")
+    smart_turn_model: str | None = Field(None, description="path to smart-turn-v3.2-cpu.onnx; default: the fetched one")
     speculation: bool = True
     max_speculations: int = Field(2, ge=0, le=8)
     redenoise: bool = Field(

@@ -61,11 +61,18 @@ STALE_MAX = 0.5  # an older partial may miss the last words: it cannot make the 
 # from which the turn is judged as ending in that word. At the ends of the bench's whole clips
 # no function word came this close; at pauses after words inside them, "in" at 0.35 and 0.49.
 NEAR_TRUST = 0.3
+# Weight of Smart Turn's log-odds (the sound of the pause, `voice.smart_turn`), chosen on the
+# evaluation set's dev split by bench/endpoint_study.py. Like the LM, it cannot overrule a
+# trailing function word or comma.
+AUDIO_WEIGHT = 1.0
 # Endings the LM's opinion does not move: a question mark, a trailing function word or comma, no words
 LM_IGNORED = frozenset({"question", "function_word", "comma", "empty"})
 
 
-def completeness(text: str, lm_prob: float | None = None, near: tuple[str, float] | None = None) -> float:
+def completeness(
+    text: str, lm_prob: float | None = None, near: tuple[str, float] | None = None,
+    audio_prob: float | None = None,
+) -> float:
     """The probability that the caller's turn is over after ``text`` (0.5: no evidence).
 
     The surface of the words gives a prior (`PRIOR_DONE`); the language model's probability
@@ -74,10 +81,25 @@ def completeness(text: str, lm_prob: float | None = None, near: tuple[str, float
     ``near`` = (word, share): Whisper nearly wrote ``word`` after the text instead of ending
     it, with that share of the two's probability. If that makes a trailing function word and
     the share is at least `NEAR_TRUST`, the text is judged with it: it may have been said, and
-    cutting a caller off costs more than a longer wait."""
+    cutting a caller off costs more than a longer wait. ``audio_prob``: Smart Turn's
+    probability that the turn is over by the sound of it, which moves the words' estimate in
+    log-odds (`AUDIO_WEIGHT`) unless they end in a function word or comma."""
     if nearly_function_word(text, near):
         return min(_completeness(text, lm_prob), PRIOR_DONE["function_word"])
-    return _completeness(text, lm_prob)
+    return with_audio(_completeness(text, lm_prob), audio_prob)
+
+
+def with_audio(c: float, audio_prob: float | None) -> float:
+    """The words' completeness ``c`` moved by the sound's (`AUDIO_WEIGHT`). Words that say
+    "unfinished" outright (a trailing function word or comma) stay as they are."""
+    if audio_prob is None or c <= PRIOR_DONE["function_word"]:
+        return c
+    return 1.0 / (1.0 + math.exp(-(_logit(c) + AUDIO_WEIGHT * _logit(audio_prob))))
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-4), 1 - 1e-4)
+    return math.log(p / (1 - p))
 
 
 def nearly_function_word(text: str, near: tuple[str, float] | None) -> bool:
@@ -98,9 +120,7 @@ def _completeness(text: str, lm_prob: float | None = None) -> float:
     prior = PRIOR_DONE[kind]
     if lm_prob is None or kind in LM_IGNORED:
         return prior
-    lm = min(max(lm_prob, 1e-4), 1 - 1e-4)
-    logit = math.log(prior / (1 - prior)) + LM_WEIGHT * math.log(lm / (1 - lm))
-    return 1.0 / (1.0 + math.exp(-logit))
+    return 1.0 / (1.0 + math.exp(-(_logit(prior) + LM_WEIGHT * _logit(lm_prob))))
 
 
 def lm_can_move(text: str) -> bool:
@@ -138,12 +158,13 @@ class Endpointer:
 
     def required_silence_ms(
         self, text: str | None, stale: bool = False, lm_prob: float | None = None,
-        near: tuple[str, float] | None = None,
+        near: tuple[str, float] | None = None, audio_prob: float | None = None,
     ) -> float:
         """``stale``: ``text`` may not cover the end of the turn, so it cannot prove completion.
         ``lm_prob``: the LM's probability that ``text`` is a whole turn, if known. ``near``:
-        the word Whisper nearly wrote after it, and its share (`completeness`)."""
-        c = completeness(text or "", lm_prob, near)
+        the word Whisper nearly wrote after it, and its share. ``audio_prob``: Smart Turn's
+        probability that the turn is over (`completeness`)."""
+        c = completeness(text or "", lm_prob, near, audio_prob)
         if stale:
             c = min(c, STALE_MAX)
         lo, hi = self.cfg.min_silence_ms, self.cfg.incomplete_silence_ms

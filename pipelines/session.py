@@ -46,10 +46,12 @@ from pipelines.events import (
 from pipelines.report import TurnRecord, summarize
 from pipelines.speculation import Speculation, run_chain, same_words, with_first_audio_of
 from pipelines.transport import AudioClock, AudioOutput, Clock
+from pipelines.turn_audio_opinion import TurnAudioOpinions
 from pipelines.turn_end_opinion import TurnEndOpinions
 from voice.asr import StreamingASR, WhisperEngine, normalize_words
 from voice.audio import AudioFrame, StreamResampler
-from voice.level import LevelTrack, first_audible_offset
+from voice.level import LevelGate, LevelTrack, first_audible_offset
+from voice.smart_turn import SmartTurn
 from voice.tts import PiperTTS
 from voice.vad import VadSegmenter, WebRtcVad
 
@@ -64,6 +66,7 @@ class Engines:
     asr: WhisperEngine
     responder: Responder
     tts: PiperTTS
+    turn_audio: SmartTurn | None = None  # Smart Turn, when turn.smart_turn is on
 
 
 class CallSession:
@@ -91,8 +94,9 @@ class CallSession:
         self.closed = False
 
         if vad is None:
+            gate = LevelGate(cfg.vad.level_gate_db) if cfg.vad.level_gate_db > 0 else None
             vad = VadSegmenter(WebRtcVad(cfg.vad.aggressiveness, ASR_RATE, cfg.vad.frame_ms),
-                               cfg.vad.start_ms, cfg.vad.stop_ms)
+                               cfg.vad.start_ms, cfg.vad.stop_ms, gate)
         self.vad = vad
         self.asr = StreamingASR(engines.asr.transcribe, drafts=engines.asr.drafts)
         self.endpointer = Endpointer(cfg.turn)
@@ -132,6 +136,9 @@ class CallSession:
         self._bg: set[asyncio.Task[Any]] = set()
         self.turn_end = TurnEndOpinions(
             lambda: self.engines.responder, cfg.turn.lm_end_of_turn, self._spawn, self._on_evidence
+        )
+        self.turn_audio = TurnAudioOpinions(
+            lambda: self.engines.turn_audio if cfg.turn.smart_turn else None, self._spawn, self._on_evidence
         )
         self.wasted_s = 0.0
         self.cutoffs_recovered = 0
@@ -358,6 +365,8 @@ class CallSession:
         self.bus.emit(SpeechEnd(self.session_id, t))
         self.utt.user_speech_end_s = t
         self._in_pause = True
+        # the pause's sound so far: the turn's audio and the silence since its last word
+        self.turn_audio.ask(t, lambda: np.concatenate([self.asr.recent(8.0), *self._pause_buf]))
         if self._started_over_agent and (t - self.utt.user_speech_start_s) * 1000 < self.cfg.turn.barge_in_min_ms:
             # a short "uh-huh" over the agent is a backchannel, not a turn
             self.utt = None
@@ -592,12 +601,16 @@ class CallSession:
         if self.utt is None or self._committed or not self._in_pause:
             return
         silence_ms = (self._audio_t - self.utt.user_speech_end_s) * 1000
+        heard, audio_prob = self.turn_audio.get(self.utt.user_speech_end_s)
+        if not heard and silence_ms < self.cfg.turn.max_silence_ms:
+            return  # Smart Turn's opinion of this pause is a few ms away
         text = self._hypothesis_now()
         if text is not None:
             known, lm_prob = self.turn_end.get(text)
             if not known and silence_ms < self.cfg.turn.max_silence_ms:
                 return  # the LM's opinion is a few ms away
-            required = self.endpointer.required_silence_ms(text, lm_prob=lm_prob, near=self.asr.near_next(text))
+            required = self.endpointer.required_silence_ms(
+                text, lm_prob=lm_prob, near=self.asr.near_next(text), audio_prob=audio_prob)
             reason = "complete" if required <= self.cfg.turn.min_silence_ms else "incomplete-wait"
         elif self._last_partial is not None:
             if self._covering_asr_in_flight() and silence_ms < self.cfg.turn.max_silence_ms:
@@ -607,16 +620,19 @@ class CallSession:
                 return
             # Only an older partial: it is evidence, but it may miss the last words, so it can
             # shorten the wait to the middle ground and no further.
-            required = self.endpointer.required_silence_ms(self._last_partial[1], stale=True)
+            required = self.endpointer.required_silence_ms(self._last_partial[1], stale=True,
+                                                           audio_prob=audio_prob)
             reason = "partial"
         else:
-            required = self.endpointer.required_silence_ms(None)
+            required = self.endpointer.required_silence_ms(None, audio_prob=audio_prob)
             reason = "no-hypothesis"
         if silence_ms >= required:
             self._commit(silence_ms, "max" if required >= self.cfg.turn.max_silence_ms else reason)
             if text is not None and self.utt is not None:
                 self.utt.endpoint["required_ms"] = round(required, 1)
                 self.utt.endpoint["lm_turn_end_prob"] = self.turn_end.peek(text)
+            if self.utt is not None and audio_prob is not None:
+                self.utt.endpoint["smart_turn_prob"] = round(audio_prob, 3)
 
     def _on_evidence(self) -> None:
         """A hypothesis or the LM's opinion of one has just landed: decide now, not at the next

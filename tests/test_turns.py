@@ -17,7 +17,7 @@ import pytest
 
 from llm.decoder import DecodeStats
 from llm.responder import Reply
-from pipelines.config import AgentConfig
+from pipelines.config import AgentConfig, TurnConfig
 from pipelines.endpointing import Endpointer, completeness
 from pipelines.events import EventBus, Interrupt, SpeculationStarted, Violation
 from pipelines.session import CallSession, Engines, covers
@@ -558,3 +558,15 @@ def test_stage_violations_name_the_stage_and_the_ms_over() -> None:
     got = stage_violations(stages, budgets)
     assert [v["stage"] for v in got] == ["vad_endpoint", "output"]  # at the budget is not over it
     assert got[0] == {"stage": "vad_endpoint", "budget_ms": budgets.endpoint_ms, "actual_ms": 120.0, "over_ms": 40.0}
+
+
+def test_smart_turn_moves_the_wait_but_never_overrules_a_trailing_function_word() -> None:
+    ep = Endpointer(TurnConfig(adapt_to_caller=False))
+    bare = ep.required_silence_ms("I need a new card")
+    assert ep.required_silence_ms("I need a new card", audio_prob=0.95) < bare
+    assert ep.required_silence_ms("I need a new card", audio_prob=0.05) > bare
+    # a full stop the sound says is not the end waits longer than one it confirms
+    assert ep.required_silence_ms("I need a new card.", audio_prob=0.1) > ep.required_silence_ms(
+        "I need a new card.", audio_prob=0.9)
+    after_the = ep.required_silence_ms("I would like to book the")
+    assert ep.required_silence_ms("I would like to book the", audio_prob=0.99) == after_the

@@ -274,3 +274,34 @@ def test_asr_missing_model_is_a_clear_error(tmp_path) -> None:
 
     with pytest.raises(AsrLoadError, match="no CTranslate2 Whisper model"):
         WhisperEngine(AsrConfig(model_path=str(tmp_path)))
+
+
+def test_level_gate_ends_speech_where_the_sound_ends_not_after_webrtcvads_hangover() -> None:
+    """Real speech with a line hiss 30 dB under it: webrtcvad alone hears the hiss as voice for
+    a while after the last word; gated, the last voiced frame ends near the true end."""
+    from tests.ground_truth import speech_end
+    from voice.level import LevelGate
+
+    rng = np.random.default_rng(0)
+    late = []
+    for clip in speech.librivox():
+        pcm, _ = read_wav(clip.path, 16000)
+        x = np.concatenate([np.zeros(8000, np.int16), pcm, np.zeros(16000, np.int16)]).astype(np.float64)
+        true_end = 0.5 + speech_end(pcm, 16000)
+        hiss = rng.normal(0, 1, len(x))
+        hiss *= np.sqrt((pcm.astype(np.float64) ** 2).mean()) / 10 ** (30 / 20) / hiss.std()
+        noisy = np.clip(x + hiss, -32768, 32767).astype(np.int16)
+
+        def last_voiced(gate: LevelGate | None, noisy: np.ndarray = noisy) -> float:
+            seg = VadSegmenter(WebRtcVad(2, 16000, 20), 60, 80, gate)
+            for f in frames_of(noisy, 16000, 20):
+                seg.process(f)
+            return seg.last_voiced_end
+
+        gated, plain = last_voiced(LevelGate(40.0)), last_voiced(None)
+        # the ruler also gates the clip's own room tone, 10 dB over its floor: a soft tail
+        # above the line's hiss may still count for the VAD
+        assert true_end - 0.03 <= gated <= true_end + 0.2, (clip.path.name, true_end, gated)
+        assert gated <= plain + 1e-9
+        late.append((gated - true_end, plain - true_end))
+    assert np.mean([g for g, _ in late]) < np.mean([p for _, p in late]) - 0.05, late

@@ -365,6 +365,14 @@ class StreamingASR:
         self._audio.append(pcm16k.astype(np.int16, copy=False))
         self._samples += len(pcm16k)
 
+    def recent(self, seconds: float) -> np.ndarray:
+        """The last ``seconds`` of the utterance's audio (int16, 16 kHz), a copy."""
+        if not self._audio:
+            return np.zeros(0, dtype=np.int16)
+        pcm = np.concatenate(self._audio)
+        self._audio = [pcm]
+        return pcm[-int(seconds * SAMPLE_RATE):].copy()
+
     def _buffer(self) -> np.ndarray:
         if not self._audio:
             return np.zeros(0, dtype=np.float32)

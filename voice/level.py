@@ -80,3 +80,31 @@ def _noise_floor(db: np.ndarray) -> float:
     the clips of a generated call, is no noise floor)."""
     live = db[db > 10.0]
     return float(np.percentile(live, 10)) if len(live) else -np.inf
+
+
+class LevelGate:
+    """Is a VAD frame loud enough to be the caller's speech? Within ``floor_db`` of the
+    loudest 10 ms frame of the last ``keep_s`` and 10 dB over the line's noise floor: the rule
+    a listener's ruler uses, kept causally. webrtcvad calls a soft breath or a noisy line's
+    hiss after the last word voiced for 100-500 ms; gated, the pause starts where the
+    sound does. Frames the gate has not seen enough of (under ``warm_s``) pass."""
+
+    def __init__(self, floor_db: float = 40.0, keep_s: float = 10.0, warm_s: float = 0.3) -> None:
+        self.floor_db = floor_db
+        self._db: deque[float] = deque(maxlen=int(keep_s / FRAME_S))
+        self._warm = int(warm_s / FRAME_S)
+        self._gate = -np.inf
+        self._since = 0
+
+    def loud(self, pcm: np.ndarray, rate: int) -> bool:
+        dbs = frame_db(pcm, rate)
+        self._db.extend(float(d) for d in dbs)
+        self._since += len(dbs)
+        if len(self._db) < self._warm:
+            return True
+        if self._since >= 10 or self._gate == -np.inf:  # the floor moves slowly: every 100 ms
+            a = np.fromiter(self._db, float)
+            self._gate = max(a.max() - self.floor_db, _noise_floor(a) + 10.0)
+            self._since = 0
+        return bool(len(dbs)) and float(dbs.max()) >= self._gate
+

@@ -9,6 +9,7 @@ import numpy as np
 import webrtcvad
 
 from voice.audio import AudioFrame
+from voice.level import LevelGate
 
 _RATES = (8000, 16000, 32000, 48000)
 
@@ -45,12 +46,17 @@ class VadSegmenter:
     - a pause is reported after ``stop_ms`` of unvoiced frames; ``t`` is the end of the last
       voiced frame, which is what the turn gap is measured from.
 
+    With a ``gate`` (`LevelGate`), a frame far quieter than the caller's speech is unvoiced
+    whatever webrtcvad says: its hangover and a line's hiss do not lengthen the turn.
+
     Every frame also yields its raw decision, so the turn manager can measure silence to
     the frame. Input frames may be any length; they are re-cut to the VAD frame size.
     """
 
-    def __init__(self, vad: WebRtcVad, start_ms: int = 60, stop_ms: int = 120) -> None:
+    def __init__(self, vad: WebRtcVad, start_ms: int = 60, stop_ms: int = 120,
+                 gate: LevelGate | None = None) -> None:
         self.vad = vad
+        self.gate = gate
         self.start_frames = max(1, start_ms // vad.frame_ms)
         self.stop_frames = max(1, stop_ms // vad.frame_ms)
         self.in_speech = False
@@ -77,6 +83,9 @@ class VadSegmenter:
 
     def _step(self, chunk: np.ndarray, t0: float, t1: float) -> list[VadEvent]:
         voiced = self.vad.is_speech(chunk)
+        if self.gate is not None:
+            # called every frame: the gate keeps the levels of silence too (its noise floor)
+            voiced = self.gate.loud(chunk, self.vad.sample_rate) and voiced
         out = [VadEvent("voiced" if voiced else "unvoiced", t1)]
         if voiced:
             self.last_voiced_end = t1
