@@ -46,6 +46,8 @@ class VadConfig(Section):
 class TurnConfig(Section):
     min_silence_ms: int = Field(80, ge=0, le=3000, description="silence before a complete-looking turn commits")
     incomplete_silence_ms: int = Field(900, ge=0, le=5000, description="silence after a trailing function word")
+    disagree_silence_ms: int = Field(
+        800, ge=0, le=5000, description="with Smart Turn: silence when the words and the pause's sound disagree")
     max_silence_ms: int = Field(1200, ge=0, le=10000, description="commit regardless after this much silence")
     adapt_to_caller: bool = True
     lm_end_of_turn: bool = Field(

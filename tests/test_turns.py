@@ -560,13 +560,15 @@ def test_stage_violations_name_the_stage_and_the_ms_over() -> None:
     assert got[0] == {"stage": "vad_endpoint", "budget_ms": budgets.endpoint_ms, "actual_ms": 120.0, "over_ms": 40.0}
 
 
-def test_smart_turn_moves_the_wait_but_never_overrules_a_trailing_function_word() -> None:
-    ep = Endpointer(TurnConfig(adapt_to_caller=False))
-    bare = ep.required_silence_ms("I need a new card")
-    assert ep.required_silence_ms("I need a new card", audio_prob=0.95) < bare
-    assert ep.required_silence_ms("I need a new card", audio_prob=0.05) > bare
-    # a full stop the sound says is not the end waits longer than one it confirms
-    assert ep.required_silence_ms("I need a new card.", audio_prob=0.1) > ep.required_silence_ms(
-        "I need a new card.", audio_prob=0.9)
+def test_smart_turn_and_the_words_must_agree_before_the_shortest_wait() -> None:
+    cfg = TurnConfig(adapt_to_caller=False)
+    ep = Endpointer(cfg)
+    done = "I need a new card."
+    assert ep.required_silence_ms(done, lm_prob=0.9, audio_prob=0.95) == cfg.min_silence_ms
+    # the sound says the caller is mid-sentence: the pause is waited out
+    assert ep.required_silence_ms(done, lm_prob=0.9, audio_prob=0.2) == cfg.disagree_silence_ms
+    # the sound says done, the words are a fragment
+    assert ep.required_silence_ms("Your call", lm_prob=0.1, audio_prob=0.95) == cfg.disagree_silence_ms
+    # a trailing function word waits as long as without the sound, whatever it says
     after_the = ep.required_silence_ms("I would like to book the")
     assert ep.required_silence_ms("I would like to book the", audio_prob=0.99) == after_the

@@ -1,0 +1,168 @@
+"""Which evidence should end a turn? Words, prosody, or both: cut-offs against latency.
+
+    python bench/endpoint_study.py [--split dev] [--json PATH]
+
+For every pause inside a caller turn (mid-sentence pauses after function and content words,
+joins between two sentences) and every true turn end of the evaluation set
+(`bench/eval_calls.py`), measured from the caller's true last audible sample ``e``:
+
+- the words: Whisper's transcript of the turn up to ``e`` + 100 ms (the hypothesis the session
+  has at its pause), the word it nearly wrote next, and the LM's turn-end probability, read by
+  `pipelines.endpointing.completeness` (the words' surface and the LM);
+- the prosody: Smart Turn v3.2 (`voice.smart_turn`) on the turn's audio up to ``e`` + 100 ms
+  (what the session has when its VAD reports the pause).
+
+Each policy maps the evidence to a wait from ``e``; a pause of length ``d`` is talked over when
+the wait plus the reply's reaction time (``--react-ms``, commit to audible sound) is under
+``d``. For each policy it prints the cut-offs on mid-sentence pauses, the joins talked over,
+and the median and p95 wait at true turn ends; tune on dev, report test. Offline: no real-time
+replay, so it measures the decision rule only, not the pipeline's compute delays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from eval_calls import load_calls  # noqa: E402
+
+from pipelines.endpointing import completeness, lm_can_move  # noqa: E402
+from voice.audio import read_wav  # noqa: E402
+
+RATE = 16000
+LOOK_S = 0.1  # what the session has heard past the end when it decides: its VAD's pause report
+
+
+def points(call: dict[str, Any]) -> list[dict[str, Any]]:
+    """The decision points of a call: each pause inside a turn, and each true turn end."""
+    out = []
+    for turn in call["truth"]["turns"]:
+        for p in turn.get("pauses", []):
+            out.append({"start": turn["start_s"], "e": p["start_s"], "d_ms": (p["end_s"] - p["start_s"]) * 1000,
+                        "kind": p["kind"], "after": p.get("after_word")})
+        out.append({"start": turn["start_s"], "e": turn["end_s"], "d_ms": None, "kind": "end",
+                    "turn_kind": turn.get("kind")})
+    return out
+
+
+def features(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    from pipelines.agent import load_engines
+    from pipelines.config import AgentConfig
+    from voice.smart_turn import SmartTurn
+
+    cfg = AgentConfig()
+    engines = load_engines(cfg)
+    turn = SmartTurn()
+    rows = []
+    for call in calls:
+        pcm, _ = read_wav(call["wav"], RATE)
+        x = pcm.astype(np.float32) / 32768.0
+        for pt in points(call):
+            a = x[max(0, int((pt["start"] - 0.3) * RATE)): int((pt["e"] + LOOK_S) * RATE)]
+            res = engines.asr.transcribe(a)
+            text = res.text.strip()
+            near = (res.near_next, res.near_share) if res.near_next else None
+            lm = engines.responder.turn_end_prob(text) if text and lm_can_move(text) else None
+            rows.append({**pt, "call": call["id"], "text": text, "near": near, "lm": lm,
+                         "p_words": completeness(text, lm, near), "p_audio": turn.predict(a)})
+            print(f"{call['id']} {pt['kind']:8s} words {rows[-1]['p_words']:.2f} audio {rows[-1]['p_audio']:.2f} "
+                  f"| {text[-60:]}", flush=True)
+    return rows
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-4), 1 - 1e-4)
+    return math.log(p / (1 - p))
+
+
+def wait_ms(c: float, lo: float, hi: float, sure: float = 0.85) -> float:
+    """The endpointer's schedule: ``lo`` when as sure as ``sure``, growing with the doubt^1.5."""
+    doubt = min(1.0, max(0.0, (sure - c) / sure))
+    return lo + (hi - lo) * doubt**1.5
+
+
+def policies() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for s in (200, 300, 500, 700, 900):
+        out[f"silence {s}"] = lambda r, s=s: float(s)
+    for lo in (80, 150, 250):
+        out[f"words lo={lo}"] = lambda r, lo=lo: wait_ms(r["p_words"], lo, 900)
+    for th in (0.5, 0.7, 0.9):
+        for s in (100, 200):
+            # Pipecat's shape: after s ms of silence ask the model; unfinished waits the maximum
+            out[f"audio >{th} at {s}"] = lambda r, th=th, s=s: float(s) if r["p_audio"] > th else 1200.0
+    for w in (1.0, 2.0):
+        # one probability from both: the sound's log-odds added to the words'
+        def summed(r: dict[str, Any], w: float = w) -> float:
+            if r["p_words"] <= 0.1:  # a trailing function word or comma: the sound cannot overrule it
+                return wait_ms(r["p_words"], 80, 900)
+            return wait_ms(1 / (1 + math.exp(-(_logit(r["p_words"]) + w * _logit(r["p_audio"])))), 80, 900)
+        out[f"both summed w={w}"] = summed
+    for th in (0.6, 0.7, 0.8):
+        for mid in (600, 700, 800):
+            # the session's rule (`pipelines.endpointing.AGREE`): the shortest wait only when the
+            # words and the sound agree; either in doubt waits ``mid``
+            def agree(r: dict[str, Any], th: float = th, mid: float = mid) -> float:
+                if r["p_words"] <= 0.1:
+                    return wait_ms(r["p_words"], 80, 900)
+                return 80.0 if r["p_words"] >= th and r["p_audio"] >= th else float(mid)
+            out[f"both agree>={th} else {mid}"] = agree
+    return out
+
+
+def score(rows: list[dict[str, Any]], fn: Any, react_ms: float) -> dict[str, Any]:
+    mids = [r for r in rows if r["kind"] in ("function", "content")]
+    joins = [r for r in rows if r["kind"] == "join"]
+    ends = [fn(r) for r in rows if r["kind"] == "end"]
+
+    def over(r: dict[str, Any]) -> bool:
+        return fn(r) + react_ms < r["d_ms"]
+
+    return {
+        "cutoffs_function": sum(over(r) for r in mids if r["kind"] == "function"),
+        "cutoffs_content": sum(over(r) for r in mids if r["kind"] == "content"),
+        "mid_pauses": len(mids),
+        "joins_talked_over": sum(over(r) for r in joins), "joins": len(joins),
+        "end_wait_p50_ms": round(statistics.median(ends), 1) if ends else None,
+        "end_wait_p95_ms": round(float(np.percentile(ends, 95)), 1) if ends else None,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--split", default="dev", choices=("dev", "test"))
+    ap.add_argument("--react-ms", type=float, default=60.0)
+    ap.add_argument("--features", type=Path, help="reuse features saved by an earlier run")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    if args.features and args.features.exists():
+        rows = json.loads(args.features.read_text())
+    else:
+        rows = features(load_calls(args.split))
+        if args.features:
+            args.features.write_text(json.dumps(rows))
+    table = {name: score(rows, fn, args.react_ms) for name, fn in policies().items()}
+    print(f"\n{args.split}: {sum(r['kind'] == 'end' for r in rows)} turn ends, "
+          f"{sum(r['kind'] in ('function', 'content') for r in rows)} mid-sentence pauses, "
+          f"{sum(r['kind'] == 'join' for r in rows)} joins (react {args.react_ms:.0f} ms)")
+    print(f"{'policy':24s} {'cut fn':>6s} {'cut ct':>6s} {'joins':>6s} {'p50':>7s} {'p95':>7s}")
+    for name, s in table.items():
+        print(f"{name:24s} {s['cutoffs_function']:6d} {s['cutoffs_content']:6d} "
+              f"{s['joins_talked_over']:3d}/{s['joins']:<2d} {s['end_wait_p50_ms']:7.1f} {s['end_wait_p95_ms']:7.1f}")
+    if args.json:
+        args.json.write_text(json.dumps({"split": args.split, "react_ms": args.react_ms, "policies": table,
+                                         "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
