@@ -1,30 +1,31 @@
-"""Turn-gap benchmark: our pipeline against LiveKit Agents, same engines, same calls, same run.
+"""Turn-gap benchmark on the evaluation set: our pipeline against LiveKit Agents, same engines,
+same calls, same run, measured by a ruler neither holds.
 
-    python bench/turn_gap.py [--calls 2] [--json PATH] [--skip-livekit]
+    python bench/turn_gap.py [--split test] [--calls N] [--json PATH] [--skip-livekit]
 
-Calls are built from real recorded speech (LibriVox clips with word alignments from the
-pocketsphinx sdist, and the pocketsphinx card clips). Some turns get a 400-700 ms pause
-inserted right after a function word ("to", "in", "for", "the" ...), the hardest case for an
-endpointer. Each call is replayed at real-time pace through:
+The calls are the evaluation set's (`bench/eval_calls.py`, docs/eval_set.md): real recorded
+speech from several speakers, half of the calls through the 8 kHz band with G.711, with
+mid-sentence pauses after function and content words, joins of two sentences, bare short
+answers and background noise. Tune on ``--split dev``; the README reports ``test``. Each call
+is replayed at real-time pace through:
 
-- ours: `CallSession` via the replay transport, default config;
+- ours: `CallSession` via the replay transport, at the call's own rate, default config;
 - LiveKit: a livekit-agents `AgentSession` with default turn handling, running the same
   faster-whisper, diffusion LM and Piper engines wrapped as livekit-agents plugins, with
-  custom audio input/output and no room.
+  custom audio input/output and no room (16 kHz).
 
-The gap is measured the same way for both: from the last frame webrtcvad calls voiced (frame
-by frame, no hysteresis) before each agent onset to the first agent sample out, both through
-the same playout buffer (``output.buffer_ms``, 20 ms; without it on LiveKit's side, its gaps
-would read that much shorter). Our session's own figure, whose VAD segmenter ignores isolated
-voiced blips, is `session_gap_p50_ms`. A cut-off is agent audio starting while the caller's
-utterance (pauses included) is still in progress; a missed reply is an utterance with no agent
-audio before the next one. LiveKit may also commit a turn at a mid-sentence pause and hold the
-reply until the caller stops; such a reply starts right after the caller's last word but
-answers only the words before the pause. It is counted as a fragment reply, and LiveKit's
-p50/p95 are also given over its whole-turn replies only (`ratio_p50_whole_turns`); every reply
-of ours answers the whole turn. Prints p50/p95, cut-offs (and the false cut-off rate: cut-offs
-per turn), misses, speculation hit rate and wasted compute, per-stage medians, violations, the
-WER of our final transcripts, and the ratio of our p50 to LiveKit's.
+Both are measured the same way, from the ground truth of the call (the caller's last audible
+sample of each turn, taken from the source clip before noise and codec) to the first audible
+sample of the agent's output track (an energy onset, `tests.ground_truth.audible_onsets`):
+
+- gap: from a turn's true end to the first agent onset after it, before the next turn;
+- cut-off: an agent onset inside a turn, in a mid-sentence pause (after a function or a content
+  word) or during speech; an onset in a join between two sentences is counted apart
+  (``joins_talked_over``);
+- missed: a turn with no agent onset from its end to the next turn.
+
+The old VAD-based figure (from webrtcvad's last voiced frame before each onset) stays as
+``vad_p50_ms``, and our session's own estimate of the gap as ``session_gap_p50_ms``.
 """
 
 from __future__ import annotations
@@ -41,70 +42,52 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from tests import speech  # noqa: E402
-from tests.ground_truth import audible_onsets, gaps_from_truth, speech_end  # noqa: E402
+from eval_calls import load_calls  # noqa: E402
+
+from tests.ground_truth import audible_onsets  # noqa: E402
 from tests.wer import wer, words  # noqa: E402
-from voice.audio import read_wav  # noqa: E402
+from voice.audio import read_wav, resample  # noqa: E402
 
 RATE = 16000
-FUNCTION_WORDS = {"to", "in", "for", "the", "and", "a", "of", "be", "an", "than", "his", "he", "have"}
-PAUSES_S = (0.4, 0.55, 0.7)
 
 
-def _alignment(clip: speech.Clip) -> list[tuple[str, float, float]]:
-    j = clip.path.with_suffix(".json")
-    if not j.exists():
-        return []
-    words = json.loads(j.read_text())["w"]
-    return [(w["t"].split("(")[0], w["b"], w["b"] + w["d"]) for w in words if not w["t"].startswith("<")]
-
-
-def with_pause(clip: speech.Clip, pause_s: float) -> tuple[np.ndarray, bool]:
-    """Insert ``pause_s`` of silence after a function word in the middle of the clip."""
-    pcm, _ = read_wav(clip.path, RATE)
-    words = _alignment(clip)
-    mids = [w for w in words[2:-2] if w[0] in FUNCTION_WORDS]
-    if not mids:
-        return pcm, False
-    _, _, end = mids[len(mids) // 2]
-    cut = int(end * RATE)
-    return np.concatenate([pcm[:cut], np.zeros(int(pause_s * RATE), np.int16), pcm[cut:]]), True
-
-
-def build_calls(n: int, gap_s: float = 3.0) -> list[dict[str, Any]]:
-    lv, cards = speech.librivox(), speech.cards()
-    pool = [lv[0], cards[0], lv[3], lv[1], cards[4], lv[2], lv[4], cards[1]]
-    calls = []
-    for c in range(n):
-        parts, utts, t = [np.zeros(RATE, np.int16)], [], 1.0
-        for k in range(3):
-            clip = pool[(3 * c + k) % len(pool)]
-            pause = PAUSES_S[(c + k) % len(PAUSES_S)]
-            pcm, paused = with_pause(clip, pause) if k != 1 else (read_wav(clip.path, RATE)[0], False)
-            parts += [pcm, np.zeros(int(gap_s * RATE), np.int16)]
-            end = t + len(pcm) / RATE
-            utts.append({"start": t, "end": end, "true_end": t + speech_end(pcm, RATE), "text": clip.text,
-                         "mid_pause_s": pause if paused else 0})
-            t += len(pcm) / RATE + gap_s
-        calls.append({"pcm": np.concatenate(parts), "utterances": utts})
-    return calls
-
-
-def score(onsets: list[float], utts: list[dict[str, Any]]) -> tuple[int, int]:
-    """(cut-offs, missed replies) from agent audio onsets and the true utterance spans."""
-    cutoffs = sum(1 for o in onsets for u in utts if u["start"] + 0.1 < o < u["end"] - 0.1)
-    missed = 0
-    for i, u in enumerate(utts):
-        nxt = utts[i + 1]["start"] if i + 1 < len(utts) else float("inf")
-        if not any(u["end"] - 0.1 <= o < nxt for o in onsets):
-            missed += 1
-    return cutoffs, missed
+def judge(onsets: list[float], turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per turn of the truth: its gap (ms, or None), and where agent onsets fell inside it."""
+    out = []
+    for i, turn in enumerate(turns):
+        nxt = turns[i + 1]["start_s"] if i + 1 < len(turns) else float("inf")
+        inside = [o for o in onsets if turn["start_s"] + 0.05 < o < turn["end_s"]]
+        cut = {"function": 0, "content": 0, "join": 0, "speech": 0}
+        for o in inside:
+            kinds = [p["kind"] for p in turn["pauses"] if p["start_s"] <= o <= p["end_s"]]
+            cut[kinds[0] if kinds else "speech"] += 1
+        after = [o for o in onsets if turn["end_s"] <= o < nxt]
+        out.append({"gap_ms": round((after[0] - turn["end_s"]) * 1000, 1) if after else None,
+                    "cut": cut, "replied": bool(after or inside), "kind": turn["kind"]})
+    return out
 
 
 def pct(xs: list[float], q: float) -> float | None:
     return round(float(np.percentile(xs, q)), 1) if xs else None
+
+
+def summary(judged: list[dict[str, Any]]) -> dict[str, Any]:
+    gaps = [j["gap_ms"] for j in judged if j["gap_ms"] is not None]
+    cut = {k: sum(j["cut"][k] for j in judged) for k in ("function", "content", "join", "speech")}
+    return {
+        "p50_ms": pct(gaps, 50), "p95_ms": pct(gaps, 95),
+        # mid-sentence pauses and speech: the cut-offs the targets allow none of
+        "cutoffs": cut["function"] + cut["content"] + cut["speech"],
+        "cutoffs_after_function_word": cut["function"], "cutoffs_after_content_word": cut["content"],
+        "cutoffs_during_speech": cut["speech"], "joins_talked_over": cut["join"],
+        "missed": sum(1 for j in judged if j["gap_ms"] is None and not sum(j["cut"].values())),
+        "false_cutoff_rate": round((cut["function"] + cut["content"] + cut["speech"]) / max(1, len(judged)), 3),
+        "gap_p50_by_kind_ms": {k: pct([j["gap_ms"] for j in judged if j["kind"] == k and j["gap_ms"] is not None], 50)
+                               for k in sorted({j["kind"] for j in judged})},
+    }
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -115,111 +98,81 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     cfg = load_config(args.config) if args.config else AgentConfig()
     agent = await Agent.load(cfg)
-    calls = build_calls(args.calls)
-    ours: dict[str, Any] = {"gaps": [], "cutoffs": 0, "missed": 0, "hits": 0, "spec": 0, "violations": 0,
-                            "stages": {}, "wasted_ms": 0.0, "recovered": 0, "turns": [],
-                            "content_gaps": [], "fallbacks": 0,
-                            "session_gaps": [], "wer_errors": 0.0, "wer_words": 0, "truth_gaps": []}
-    lk: dict[str, Any] = {"gaps": [], "cutoffs": 0, "missed": 0, "whole_gaps": [], "fragments": 0, "turns": []}
-    for i, call in enumerate(calls):
-        report, track = await replay_pcm(agent, call["pcm"], RATE, fast=False)
-        # from the caller's last audible sample (source clip) to the first audible agent sound
-        truth = gaps_from_truth([(u["start"], u["true_end"]) for u in call["utterances"]],
-                                audible_onsets(track, RATE))
-        ours["truth_gaps"] += [g for g in truth if g is not None and g > 0]
+    calls = load_calls(args.split)[: args.calls or None]
+    ours_j: list[dict[str, Any]] = []
+    lk_j: list[dict[str, Any]] = []
+    ours: dict[str, Any] = {"vad_gaps": [], "session_gaps": [], "stages": {}, "turns": [], "hits": 0, "spec": 0,
+                            "violations": 0, "wasted_ms": 0.0, "recovered": 0, "fallbacks": 0,
+                            "wer_errors": 0.0, "wer_words": 0}
+    lk_turns: list[dict[str, Any]] = []
+    for call in calls:
+        truth = call["truth"]
+        pcm, rate = read_wav(call["wav"])
+        report, track = await replay_pcm(agent, pcm, rate, fast=False)
+        judged = judge(audible_onsets(track, rate), truth["turns"])
+        ours_j += judged
+        pcm16 = pcm if rate == RATE else resample(pcm, rate, RATE)
         onsets = [t["agent_audio_start_s"] for t in report["turns"] if t["agent_audio_start_s"] is not None]
-        c, m = score(onsets, call["utterances"])
-        ours["cutoffs"] += c
-        ours["missed"] += m
-        # the gap as LiveKit's is measured: from the last webrtcvad-voiced frame before each
-        # agent onset (the session's own gap_ms uses its VAD segmenter, which ignores blips)
-        call_gaps = [round((on - end) * 1000, 1) for end, on in gaps(onsets, voiced_frame_ends(call["pcm"]))]
-        ours["gaps"] += call_gaps
+        ours["vad_gaps"] += [round((on - end) * 1000, 1) for end, on in gaps(onsets, voiced_frame_ends(pcm16))]
         ours["session_gaps"] += [t["gap_ms"] for t in report["turns"] if t["gap_ms"] is not None]
-        ours["content_gaps"] += [(t["first_content_audio_s"] - t["user_speech_end_s"]) * 1000
-                                 for t in report["turns"] if t["first_content_audio_s"] is not None]
         ours["fallbacks"] += report["summary"].get("fallbacks", 0)
         ours["violations"] += report["summary"]["violations"]
         ours["wasted_ms"] += report["summary"].get("speculation_wasted_ms", 0.0)
         ours["recovered"] += report["summary"].get("cutoffs_recovered", 0)
-        # the final transcripts of the call against what was said, as one text (robust to a
-        # turn split or merged)
-        ref = " ".join(u["text"] for u in call["utterances"])
-        ours["wer_errors"] += wer(ref, " ".join(t["transcript"] for t in report["turns"])) * len(words(ref))
-        ours["wer_words"] += len(words(ref))
+        # the final transcripts against what was said, as one text (robust to a turn split or
+        # merged); turns without a reference transcript are left out
+        if all(t["text"] for t in truth["turns"]):
+            ref = " ".join(t["text"] for t in truth["turns"])
+            ours["wer_errors"] += wer(ref, " ".join(t["transcript"] for t in report["turns"])) * len(words(ref))
+            ours["wer_words"] += len(words(ref))
         for t in report["turns"]:
             ours["turns"].append({
-                "call": i, "transcript": t["transcript"], "gap_ms": t["gap_ms"],
+                "call": call["id"], "transcript": t["transcript"], "session_gap_ms": t["gap_ms"],
                 "endpoint": {k: t["endpoint"].get(k) for k in ("reason", "silence_ms", "required_ms",
-                                                               "lm_turn_end_prob")},
+                                                               "lm_turn_end_prob", "smart_turn_prob")},
                 "final_text_ms": t["speculation"].get("final_text_ms"),
                 "ready_ms": t["speculation"].get("ready_ms"), "stages": t["stages"]})
             ours["spec"] += int(t["speculation"]["used"])
             ours["hits"] += int(t["speculation"]["hit"])
             for k, v in t["stages"].items():
                 ours["stages"].setdefault(k, []).append(v)
-        print(f"call {i}: ours gaps {call_gaps} cutoffs {c} missed {m}", flush=True)
+        print(f"{call['id']} ({rate} Hz): ours {[j['gap_ms'] for j in judged]} "
+              f"cuts {[k for j in judged for k, n in j['cut'].items() if n]}", flush=True)
         if not args.skip_livekit:
             from pipelines.livekit_plugins.session_replay import run_livekit_session
 
-            res = await run_livekit_session(agent, call["pcm"], cfg=cfg)
-            on = [t["agent_start_s"] for t in res["turns"]]
-            c2, m2 = score(on, call["utterances"])
-            lk["cutoffs"] += c2
-            lk["missed"] += m2
-            lk["gaps"] += res["gaps_ms"]
-            lk["whole_gaps"] += [t["gap_ms"] for t in res["turns"] if t["whole_turn"]]
-            lk["fragments"] += sum(1 for t in res["turns"] if not t["whole_turn"])
-            lk["turns"] += [{"call": i} | t for t in res["turns"]]
-            print(f"call {i}: livekit gaps {res['gaps_ms']} (whole turns: "
-                  f"{[t['gap_ms'] for t in res['turns'] if t['whole_turn']]}) cutoffs {c2} missed {m2}", flush=True)
-    turns = sum(len(c["utterances"]) for c in calls)
-    paused = sum(1 for c in calls for u in c["utterances"] if u["mid_pause_s"])
-    out = {
-        "turns": turns,
-        "turns_with_mid_pause": paused,
-        "ours": {"p50_ms": pct(ours["gaps"], 50), "p95_ms": pct(ours["gaps"], 95), "cutoffs": ours["cutoffs"],
-                 # the same replies, measured from the caller's true end of speech to the first
-                 # audible agent sound (tests/ground_truth.py)
-                 "truth_p50_ms": pct(ours["truth_gaps"], 50), "truth_p95_ms": pct(ours["truth_gaps"], 95),
-                 "missed": ours["missed"],
+            res = await run_livekit_session(agent, pcm16, cfg=cfg, keep_audio=True)
+            judged_lk = judge(audible_onsets(res["agent_audio"], RATE), truth["turns"])
+            lk_j += judged_lk
+            lk_turns += [{"call": call["id"]} | t for t in res["turns"]]
+            print(f"{call['id']}: livekit {[j['gap_ms'] for j in judged_lk]} "
+                  f"cuts {[k for j in judged_lk for k, n in j['cut'].items() if n]}", flush=True)
+    paused = sum(1 for c in calls for t in c["truth"]["turns"] if t["pauses"])
+    out: dict[str, Any] = {
+        "split": args.split, "calls": len(calls), "turns": len(ours_j), "turns_with_mid_pause": paused,
+        "ours": {**summary(ours_j),
+                 # the old figure, from webrtcvad's last voiced frame before each onset
+                 "vad_p50_ms": pct(ours["vad_gaps"], 50), "vad_p95_ms": pct(ours["vad_gaps"], 95),
                  "session_gap_p50_ms": pct(ours["session_gaps"], 50),
-                 # with turn.fallback an acknowledgement may come first: the reply's own audio
-                 "first_content_p50_ms": pct(ours["content_gaps"], 50),
-                 "first_content_p95_ms": pct(ours["content_gaps"], 95),
                  "fallbacks": ours["fallbacks"],
                  "speculation_hit_rate": round(ours["hits"] / ours["spec"], 3) if ours["spec"] else None,
                  "violations": ours["violations"],
                  "stage_p50_ms": {k: round(statistics.median(v), 1) for k, v in ours["stages"].items()},
-                 "false_cutoff_rate": round(ours["cutoffs"] / turns, 3),
                  "premature_endpoints_taken_back": ours["recovered"],
                  "speculation_wasted_s": round(ours["wasted_ms"] / 1000, 1),
-                 "prepared_ready_p50_ms": pct([t["ready_ms"] for t in ours["turns"] if t["ready_ms"] is not None], 50),
-                 "final_text_p50_ms": pct([t["final_text_ms"] for t in ours["turns"]
-                                           if t["final_text_ms"] is not None], 50),
                  "final_transcript_wer": round(ours["wer_errors"] / max(1, ours["wer_words"]), 3),
                  "turns": ours["turns"]},
-        "livekit": {"p50_ms": pct(lk["gaps"], 50), "p95_ms": pct(lk["gaps"], 95), "cutoffs": lk["cutoffs"],
-                    "missed": lk["missed"], "false_cutoff_rate": round(lk["cutoffs"] / turns, 3),
-                    # replies to a turn LiveKit committed at a mid-sentence pause (audio held until
-                    # the caller stopped): they answer the words before the pause
-                    "fragment_replies": lk["fragments"],
-                    "whole_turn_p50_ms": pct(lk["whole_gaps"], 50), "whole_turn_p95_ms": pct(lk["whole_gaps"], 95),
-                    "turns": lk["turns"]}
-        if not args.skip_livekit else None,
+        "livekit": {**summary(lk_j), "turns": lk_turns} if not args.skip_livekit else None,
     }
     if out["livekit"] and out["livekit"]["p50_ms"] and out["ours"]["p50_ms"]:
         out["ratio_p50"] = round(out["ours"]["p50_ms"] / out["livekit"]["p50_ms"], 3)
-        # every reply of ours answers a whole turn (it is generated from, or checked against, the
-        # final transcript of all the caller's audio), so ours against LiveKit's whole-turn replies
-        if out["livekit"]["whole_turn_p50_ms"]:
-            out["ratio_p50_whole_turns"] = round(out["ours"]["p50_ms"] / out["livekit"]["whole_turn_p50_ms"], 3)
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calls", type=int, default=4, help="3 turns each; 4 calls use every clip of the pool")
+    ap.add_argument("--split", default="test", choices=("dev", "test"), help="tune on dev, report test")
+    ap.add_argument("--calls", type=int, default=0, help="only the first N calls of the split (0: all)")
     ap.add_argument("--config")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--skip-livekit", action="store_true")

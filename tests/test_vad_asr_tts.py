@@ -305,3 +305,15 @@ def test_level_gate_ends_speech_where_the_sound_ends_not_after_webrtcvads_hangov
         assert gated <= plain + 1e-9
         late.append((gated - true_end, plain - true_end))
     assert np.mean([g for g, _ in late]) < np.mean([p for _, p in late]) - 0.05, late
+
+
+def test_tts_clause_starts_with_sound_not_dead_air(engines) -> None:
+    """Piper's own lead-in (30-50 ms under -40 dB of the peak) is cut: the caller hears the
+    reply within 20 ms of its first sample."""
+    from voice.level import first_audible_offset
+
+    tts = engines.tts
+    for clause in ("Sure.", "How can I help you today?", "Let me check that order for you."):
+        pcm = tts.synth(clause)
+        assert first_audible_offset(pcm, tts.sample_rate) <= 0.02, clause
+        assert abs(int(pcm[0])) < 2000  # faded in: no click at the cut

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from voice.level import first_audible_offset
 from voice.tts_config import TtsConfig
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
@@ -110,6 +111,7 @@ class PiperTTS:
             return cached
         chunks = [c.audio_int16_array for c in self.voice.synthesize(part, syn_config=self._syn)]
         pcm = np.concatenate(chunks).astype(np.int16, copy=False) if chunks else np.zeros(0, dtype=np.int16)
+        pcm = trim_lead(pcm, self.sample_rate)
         self._cache_put(part, pcm)
         return pcm
 
@@ -134,3 +136,23 @@ class PiperTTS:
             self._cache[part] = pcm
             while len(self._cache) > self.cfg.cache_clauses:
                 self._cache.popitem(last=False)
+
+
+LEAD_KEEP_S = 0.01
+FADE_S = 0.005
+
+
+def trim_lead(pcm: np.ndarray, rate: int) -> np.ndarray:
+    """Piper starts a clause with 30-50 ms of near silence (its first sample above -40 dB of the
+    peak comes that late): dead air the caller waits through. Cut it, keeping 10 ms before the
+    first audible frame, faded in over 5 ms so the cut makes no click."""
+    if len(pcm) == 0:
+        return pcm
+    cut = max(0, int((first_audible_offset(pcm, rate) - LEAD_KEEP_S) * rate))
+    if cut == 0:
+        return pcm
+    out = pcm[cut:].astype(np.float32)
+    n = min(len(out), int(FADE_S * rate))
+    out[:n] *= np.linspace(0.0, 1.0, n, endpoint=False, dtype=np.float32)
+    return out.astype(np.int16)
+
