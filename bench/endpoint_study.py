@@ -121,7 +121,7 @@ def policies() -> dict[str, Any]:
 
 
 def score(rows: list[dict[str, Any]], fn: Any, react_ms: float) -> dict[str, Any]:
-    mids = [r for r in rows if r["kind"] in ("function", "content")]
+    mids = [r for r in rows if r["kind"] in ("function", "content", "natural")]
     joins = [r for r in rows if r["kind"] == "join"]
     ends = [fn(r) for r in rows if r["kind"] == "end"]
 
@@ -131,6 +131,7 @@ def score(rows: list[dict[str, Any]], fn: Any, react_ms: float) -> dict[str, Any
     return {
         "cutoffs_function": sum(over(r) for r in mids if r["kind"] == "function"),
         "cutoffs_content": sum(over(r) for r in mids if r["kind"] == "content"),
+        "cutoffs_natural": sum(over(r) for r in mids if r["kind"] == "natural"),
         "mid_pauses": len(mids),
         "joins_talked_over": sum(over(r) for r in joins), "joins": len(joins),
         "end_wait_p50_ms": round(statistics.median(ends), 1) if ends else None,
@@ -153,11 +154,11 @@ def main() -> None:
             args.features.write_text(json.dumps(rows))
     table = {name: score(rows, fn, args.react_ms) for name, fn in policies().items()}
     print(f"\n{args.split}: {sum(r['kind'] == 'end' for r in rows)} turn ends, "
-          f"{sum(r['kind'] in ('function', 'content') for r in rows)} mid-sentence pauses, "
+          f"{sum(r['kind'] in ('function', 'content', 'natural') for r in rows)} pauses inside turns, "
           f"{sum(r['kind'] == 'join' for r in rows)} joins (react {args.react_ms:.0f} ms)")
-    print(f"{'policy':24s} {'cut fn':>6s} {'cut ct':>6s} {'joins':>6s} {'p50':>7s} {'p95':>7s}")
+    print(f"{'policy':26s} {'cut fn':>6s} {'cut ct':>6s} {'cut nat':>7s} {'joins':>6s} {'p50':>7s} {'p95':>7s}")
     for name, s in table.items():
-        print(f"{name:24s} {s['cutoffs_function']:6d} {s['cutoffs_content']:6d} "
+        print(f"{name:26s} {s['cutoffs_function']:6d} {s['cutoffs_content']:6d} {s['cutoffs_natural']:7d} "
               f"{s['joins_talked_over']:3d}/{s['joins']:<2d} {s['end_wait_p50_ms']:7.1f} {s['end_wait_p95_ms']:7.1f}")
     if args.json:
         args.json.write_text(json.dumps({"split": args.split, "react_ms": args.react_ms, "policies": table,

@@ -39,12 +39,13 @@ if str(ROOT) not in sys.path:
 
 from tests.ground_truth import FRAME_S, _frame_db, _noise_floor  # noqa: E402
 
-VERSION = "v1"
+VERSION = "v2"
 RATE = 16000
 SPEECH = Path(os.environ.get("VOICE_AGENT_SPEECH", Path.home() / ".cache" / "voice-agent" / "speech"))
 CACHE = Path.home() / ".cache" / "voice-agent" / "eval_calls"
 SPLITS = ("dev", "test")
 LEAD_IN_S = 0.6
+NATURAL_PAUSE_S = 0.25  # a silence this long inside a recorded turn is a pause, not a stop consonant
 FLOOR_DB = 35.0  # the gate: within 35 dB of the loudest frame (tests/ground_truth.py's rule, 35 not 40 dB)
 PEAK_DBFS = (-16.0, -12.0)  # each turn's loudest 10 ms frame is scaled into this range
 CUT_QUIET_DB = 20.0  # a cut point's 10 ms either side lies this far below the loudest frame
@@ -297,6 +298,24 @@ class Turn:
         floor = self.units[0].floor_db + gain_db
         self.start_s, self.end_s = audible_span(self.audio, floor)
         self.gate_db = _gate(self.audio, floor)[1]
+        self.pauses = sorted(self.pauses + self._natural_pauses(), key=lambda p: p["start_s"])
+
+    def _natural_pauses(self) -> list[dict]:
+        """The speaker's own silences of ``NATURAL_PAUSE_S`` or more inside the turn (JFK's
+        "my fellow Americans ... ask not"): an agent that speaks there cuts the caller off too."""
+        db = _frame_db(self.audio, RATE)
+        quiet = db < self.gate_db
+        out, run = [], None
+        for i in range(int(self.start_s / FRAME_S), int(self.end_s / FRAME_S) + 1):
+            if i < len(quiet) and quiet[i]:
+                run = i if run is None else run
+                continue
+            if run is not None and (i - run) * FRAME_S >= NATURAL_PAUSE_S:
+                a, b = run * FRAME_S, i * FRAME_S
+                if not any(p["start_s"] < b and a < p["end_s"] for p in self.pauses):
+                    out.append({"start_s": round(a, 3), "end_s": round(b, 3), "after_word": None, "kind": "natural"})
+            run = None
+        return out
 
 
 def _trimmed(u: Unit, head: float, tail: float) -> tuple[np.ndarray, float]:

@@ -19,9 +19,9 @@ sample of each turn, taken from the source clip before noise and codec) to the f
 sample of the agent's output track (an energy onset, `tests.ground_truth.audible_onsets`):
 
 - gap: from a turn's true end to the first agent onset after it, before the next turn;
-- cut-off: an agent onset inside a turn, in a mid-sentence pause (after a function or a content
-  word) or during speech; an onset in a join between two sentences is counted apart
-  (``joins_talked_over``);
+- cut-off: an agent onset inside a turn, in a mid-sentence pause (inserted after a function or a
+  content word, or the speaker's own silence of 250 ms or more) or during speech; an onset in a
+  join between two sentences is counted apart (``joins_talked_over``);
 - missed: a turn with no agent onset from its end to the next turn.
 
 The old VAD-based figure (from webrtcvad's last voiced frame before each onset) stays as
@@ -60,7 +60,7 @@ def judge(onsets: list[float], turns: list[dict[str, Any]]) -> list[dict[str, An
     for i, turn in enumerate(turns):
         nxt = turns[i + 1]["start_s"] if i + 1 < len(turns) else float("inf")
         inside = [o for o in onsets if turn["start_s"] + 0.05 < o < turn["end_s"]]
-        cut = {"function": 0, "content": 0, "join": 0, "speech": 0}
+        cut = {"function": 0, "content": 0, "natural": 0, "join": 0, "speech": 0}
         for o in inside:
             kinds = [p["kind"] for p in turn["pauses"] if p["start_s"] <= o <= p["end_s"]]
             cut[kinds[0] if kinds else "speech"] += 1
@@ -76,15 +76,17 @@ def pct(xs: list[float], q: float) -> float | None:
 
 def summary(judged: list[dict[str, Any]]) -> dict[str, Any]:
     gaps = [j["gap_ms"] for j in judged if j["gap_ms"] is not None]
-    cut = {k: sum(j["cut"][k] for j in judged) for k in ("function", "content", "join", "speech")}
+    cut = {k: sum(j["cut"][k] for j in judged) for k in ("function", "content", "natural", "join", "speech")}
+    cutoffs = cut["function"] + cut["content"] + cut["natural"] + cut["speech"]
     return {
         "p50_ms": pct(gaps, 50), "p95_ms": pct(gaps, 95),
         # mid-sentence pauses and speech: the cut-offs the targets allow none of
-        "cutoffs": cut["function"] + cut["content"] + cut["speech"],
+        "cutoffs": cutoffs,
         "cutoffs_after_function_word": cut["function"], "cutoffs_after_content_word": cut["content"],
-        "cutoffs_during_speech": cut["speech"], "joins_talked_over": cut["join"],
+        "cutoffs_in_natural_pauses": cut["natural"], "cutoffs_during_speech": cut["speech"],
+        "joins_talked_over": cut["join"],
         "missed": sum(1 for j in judged if j["gap_ms"] is None and not sum(j["cut"].values())),
-        "false_cutoff_rate": round((cut["function"] + cut["content"] + cut["speech"]) / max(1, len(judged)), 3),
+        "false_cutoff_rate": round(cutoffs / max(1, len(judged)), 3),
         "gap_p50_by_kind_ms": {k: pct([j["gap_ms"] for j in judged if j["kind"] == k and j["gap_ms"] is not None], 50)
                                for k in sorted({j["kind"] for j in judged})},
     }

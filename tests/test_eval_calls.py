@@ -81,6 +81,11 @@ def test_truth_on_clean_audio(calls, clean):
                 assert all(_db(x, a, a + 0.01) < gate + 0.1
                            for a in np.arange(t["end_s"], t["end_s"] + 1.0, 0.01)), (c["id"], t)
                 for p in t["pauses"]:
+                    if p["kind"] == "natural":  # the speaker's own: quiet under the gate throughout
+                        assert p["end_s"] - p["start_s"] >= ec.NATURAL_PAUSE_S - 1e-6
+                        assert all(_db(x, a, a + 0.01) < gate + 0.1
+                                   for a in np.arange(p["start_s"], p["end_s"] - 0.005, 0.01)), (c["id"], p)
+                        continue
                     assert 0.2 <= p["end_s"] - p["start_s"] <= 0.8 + 1e-6
                     assert _db(x, p["start_s"], p["end_s"]) < floor + 10, (c["id"], p)
                     if p["kind"] != "join":
