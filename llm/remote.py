@@ -102,6 +102,7 @@ class _Streamed:
 
 class RemoteResponder:
     warm_start = False  # nothing to re-denoise: the model is on the server
+    streams = True  # `agenerate(ready=...)` returns at the first clause, the rest in `Reply.tail`
 
     def __init__(self, cfg: LlmConfig, local: Responder | None = None) -> None:
         if cfg.openai is None:

@@ -51,7 +51,13 @@ class Reply:
         may share this reply): `cancel` does."""
         if self.tail is None:
             return self.text
-        return await asyncio.shield(self.tail)
+        try:
+            return await asyncio.shield(self.tail)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self.tail.cancelled() and task is not None and not task.cancelling():
+                return self.text  # its owner stopped the stream, not our caller: what had come
+            raise
 
     def cancel(self) -> None:
         """Stop a reply that is still streaming (the server sees the request closed)."""
@@ -72,6 +78,7 @@ def sentence_end_ids(lm: LoadedLM) -> set[int]:
 
 class Responder:
     warm_start = True  # `agenerate(prev=...)` re-denoises a previous block (masked LMs)
+    streams = False  # a reply comes whole (see `llm.remote.RemoteResponder`)
 
     def __init__(self, lm: LoadedLM, cfg: LlmConfig, probe_lm: LoadedLM | None = None) -> None:
         self.lm = lm
