@@ -117,6 +117,7 @@ class RemoteResponder:
             weakref.WeakKeyDictionary())
         self.backoff = Backoff(self.ocfg.retry_min_ms / 1000, self.ocfg.retry_max_ms / 1000)
         self._auth_error: RemoteLmError | None = None
+        self._closing: set[asyncio.Task[None]] = set()
         self.requests = 0  # sent
         self.cancelled = 0  # closed by us before the end (a cancelled speculation, a missed deadline)
         self.failed = 0
@@ -199,7 +200,16 @@ class RemoteResponder:
             await _close(stream)  # read to the end: the connection goes back to the pool
         else:
             reply.tail = asyncio.ensure_future(self._rest(stream, state, reply))
+            reply.tail.add_done_callback(lambda t: self._close_if_cancelled(t, stream))
         return reply
+
+    def _close_if_cancelled(self, tail: asyncio.Task[str], stream: openai.AsyncStream[Any]) -> None:
+        """A tail cancelled before it first ran never reaches its ``finally``: close its stream here."""
+        if tail.cancelled() and not stream.response.is_closed:
+            self.cancelled += 1
+            closing = asyncio.ensure_future(_close(stream))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
 
     def _failure(self, err: RemoteLmError) -> RemoteLmError:
         if not err.repeat:
