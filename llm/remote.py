@@ -175,19 +175,20 @@ class RemoteResponder:
         deadline = loop.time() + deadline_s if deadline_s is not None else None
         state = _Streamed(time.perf_counter())
         stream: openai.AsyncStream[Any] | None = None
+        sent = self.requests
         done = False
         try:
             async with asyncio.timeout_at(deadline):
                 stream = await self._open(self.messages(user_text, history), deadline)
                 done = await self._read(stream, state, ready)
         except TimeoutError:
-            self.cancelled += stream is not None
+            self.cancelled += self.requests > sent  # a request in flight is abandoned: its connection closes
             await _close(stream)
             raise self._failure(RemoteLmError(
                 "deadline", f"{self.url}: no reply within the {deadline_s * 1000:.0f} ms deadline (LLM stage budget)"
                 if deadline_s is not None else f"{self.url}: timed out")) from None
         except asyncio.CancelledError:
-            self.cancelled += stream is not None
+            self.cancelled += self.requests > sent
             await _close(stream)
             raise
         except RemoteLmError as err:
