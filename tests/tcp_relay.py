@@ -70,8 +70,13 @@ class TcpRelay:
                     c_writer.write(data)
                     await asyncio.Event().wait()  # hold the connection open, silent
                 conn.to_client += len(data)
-                c_writer.write(data)
-                await c_writer.drain()
+                try:
+                    c_writer.write(data)
+                    await c_writer.drain()
+                except ConnectionError:  # the client hung up while the server was still sending
+                    if not conn.closed:
+                        conn.client_closed_first = True
+                    return
 
         tasks = [asyncio.ensure_future(up()), asyncio.ensure_future(down())]
         try:
