@@ -6,9 +6,11 @@ validated), written out here rather than imported so that ``llm`` needs nothing 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from llm.persona import SYSTEM_PROMPT
 
 
 class _Section(BaseModel):
@@ -20,7 +22,47 @@ class _Section(BaseModel):
 MDLM_DECODING: dict[str, int] = {"block_len": 32, "steps": 4, "sub_block": 16}
 
 
+class OpenAIConfig(_Section):
+    """An OpenAI-compatible chat completions server shared by many workers (SGLang, vLLM, Mercury,
+    `transformers serve`). The API key comes from the environment variable named here, never
+    from the config file."""
+
+    base_url: str = Field(..., pattern=r"^https?://", description="e.g. http://gpu-box:30000/v1")
+    model: str = Field(..., min_length=1, description="the model name the server expects")
+    api_key_env: str = Field("OPENAI_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                             description="environment variable holding the API key (unset: no key sent)")
+    timeout_ms: int = Field(2000, ge=10, le=120_000,
+                            description="connect timeout, and the longest wait for the next chunk (a stall)")
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="passed through in every request body")
+    system_prompt: str = Field(SYSTEM_PROMPT, min_length=1)
+    history_turns: int = Field(8, ge=0, le=64, description="earlier turns sent as chat messages")
+    max_tokens: int = Field(64, ge=1, le=4096)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    max_connections: int = Field(16, ge=1, le=1024, description="keep-alive pool shared by every call")
+    retry_min_ms: int = Field(100, ge=1, le=60_000, description="first back-off after a failed request")
+    retry_max_ms: int = Field(5000, ge=1, le=600_000, description="the longest back-off")
+    local_turn_end: bool = Field(
+        False, description="load the embedded MDLM for the turn-end probe; else the LM has no turn-end opinion")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_key_here(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "api_key" in data:
+            raise ValueError("api_key is never read from the config file: put the key in the environment "
+                             "variable named by api_key_env")
+        return data
+
+    @model_validator(mode="after")
+    def _retry(self) -> OpenAIConfig:
+        if self.retry_min_ms > self.retry_max_ms:
+            raise ValueError("retry_min_ms must not exceed retry_max_ms")
+        return self
+
+
 class LlmConfig(_Section):
+    backend: Literal["embedded", "openai"] = Field(
+        "embedded", description="embedded: the local diffusion LM; openai: a remote OpenAI-compatible server")
+    openai: OpenAIConfig | None = Field(None, description="the remote server; required when backend is openai")
     model_path: str | None = Field(None, description="local checkpoint dir; default: the embedded block diffusion LM")
     kind: Literal["auto", "bdlm", "masked_lm", "llada", "dream"] = "auto"
     block_len: int = Field(8, ge=1, le=256, description="bdlm: tokens a block holds; masked LMs: the reply block")
@@ -46,4 +88,6 @@ class LlmConfig(_Section):
     def _steps(self) -> LlmConfig:
         if self.min_steps > self.steps:
             raise ValueError("min_steps must not exceed steps")
+        if self.backend == "openai" and self.openai is None:
+            raise ValueError("llm.openai (base_url, model) is required when llm.backend is openai")
         return self

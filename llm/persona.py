@@ -8,6 +8,15 @@ import random
 
 from llm.pair import Pair
 
+# The same persona as the generated pairs below, for an instruction-following LM served
+# remotely (``llm.openai.system_prompt``): it cannot be trained on them, so it is told.
+SYSTEM_PROMPT = (
+    "You are a voice assistant answering a phone call. Your words are spoken aloud, so reply in one or two "
+    "short, plain sentences: no lists, markdown, emoji or URLs. Greet callers warmly, confirm that you can hear "
+    "them when asked, ask a short clarifying question when you did not understand, offer to transfer the caller "
+    "to a person when they ask for one, and say goodbye politely when they are done."
+)
+
 _GREET_IN = [
     "hello", "hi", "hi there", "hey", "good morning", "good afternoon", "good evening",
     "hello is anyone there", "hi who am I speaking with", "hello who is this",

@@ -18,6 +18,7 @@ import asyncio
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -38,6 +39,35 @@ class Reply:
     stats: DecodeStats
     prompt: str
     remasked: int = -1  # positions re-decoded by a warm start (-1: cold start)
+    n_tokens: int | None = None  # reply tokens when ``ids`` does not hold them (a remote LM)
+    # A streamed reply returned as soon as its first clause arrived: ``text`` is what had
+    # streamed by then and ``tail`` gives the whole text once the stream ends. ``error`` is
+    # set if the stream broke after that point (the text so far is kept).
+    tail: asyncio.Task[str] | None = None
+    error: Exception | None = None
+
+    async def complete(self) -> str:
+        """The whole reply text. Cancelling the awaiting task does not stop the stream (others
+        may share this reply): `cancel` does."""
+        if self.tail is None:
+            return self.text
+        try:
+            return await asyncio.shield(self.tail)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self.tail.cancelled() and task is not None and not task.cancelling():
+                return self.text  # its owner stopped the stream, not our caller: what had come
+            raise
+
+    def cancel(self) -> None:
+        """Stop a reply that is still streaming (the server sees the request closed)."""
+        if self.tail is not None and not self.tail.done():
+            self.tail.cancel()
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        n = len(self.ids) if self.n_tokens is None else self.n_tokens
+        return n / self.stats.total_s if self.stats.total_s > 0 and n else None
 
 
 def sentence_end_ids(lm: LoadedLM) -> set[int]:
@@ -47,6 +77,9 @@ def sentence_end_ids(lm: LoadedLM) -> set[int]:
 
 
 class Responder:
+    warm_start = True  # `agenerate(prev=...)` re-denoises a previous block (masked LMs)
+    streams = False  # a reply comes whole (see `llm.remote.RemoteResponder`)
+
     def __init__(self, lm: LoadedLM, cfg: LlmConfig, probe_lm: LoadedLM | None = None) -> None:
         self.lm = lm
         self.cfg = cfg
@@ -194,10 +227,11 @@ class Responder:
 
     async def agenerate(
         self, user_text: str, history: list[tuple[str, str]] | tuple = (), deadline_s: float | None = None,
-        prev: Reply | None = None,
+        prev: Reply | None = None, ready: Callable[[str], bool] | None = None,
     ) -> Reply:
         """Async and cancellable: cancelling the awaiting task stops the worker at the next
-        denoising pass (torch cannot be interrupted mid-pass)."""
+        denoising pass (torch cannot be interrupted mid-pass). ``ready`` is for streamed replies
+        (`llm.remote`); a block comes whole, so it is not needed here."""
         cancel = threading.Event()
         if prev is not None and self.blocks is None:
             fut = asyncio.to_thread(self.redenoise, prev, user_text, history, deadline_s=deadline_s, cancel=cancel)

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from llm.remote import RemoteResponder
 from llm.responder import Responder
 from pipelines.config import AgentConfig
 from pipelines.events import EventBus
@@ -22,7 +23,8 @@ log = logging.getLogger(__name__)
 
 
 def load_engines(cfg: AgentConfig) -> Engines:
-    """Blocking: loads Whisper, the diffusion LM and Piper, and warms each one up."""
+    """Blocking: loads Whisper, the diffusion LM (or a client of a remote one, ``llm.backend``)
+    and Piper, and warms each one up."""
     import torch
 
     # Each engine gets its own small thread pool: on 2 cores, spin-waiting OpenMP pools
@@ -30,10 +32,15 @@ def load_engines(cfg: AgentConfig) -> Engines:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     torch.set_num_threads(cfg.llm.threads)
     asr = WhisperEngine(cfg.asr)
-    responder = Responder.load(cfg.llm)
+    responder: Responder | RemoteResponder
+    if cfg.llm.backend == "openai":
+        # the server may still be starting: a call goes on without it (the fallback answers)
+        responder = RemoteResponder.load(cfg.llm, turn_end=cfg.turn.lm_end_of_turn)
+    else:
+        responder = Responder.load(cfg.llm)
+        responder.generate("hello")
     tts = PiperTTS(cfg.tts)
     asr.warmup()
-    responder.generate("hello")
     tts.synth("Hello.")
     turn_audio = None
     if cfg.turn.smart_turn:
@@ -60,7 +67,7 @@ class Agent:
         return self.engines.asr
 
     @property
-    def responder(self) -> Responder:
+    def responder(self) -> Responder | RemoteResponder:
         return self.engines.responder
 
     @property

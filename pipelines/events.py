@@ -76,6 +76,19 @@ class Violation(Event):
 
 
 @dataclass
+class LlmError(Event):
+    """A request to the LM failed (``llm.backend: openai``); ``error`` is the fault's kind (see
+    `llm.remote_errors`). On the committed path the turn's reply is the fallback."""
+
+    error: str = ""
+    message: str = ""
+    status: int | None = None
+    turn: int = 0
+    speculative: bool = False
+    kind: str = field(init=False, default="llm_error")
+
+
+@dataclass
 class Interrupt(Event):
     turn: int = 0
     heard_text: str = ""

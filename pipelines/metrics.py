@@ -8,6 +8,12 @@ Each turn's report (``TurnCompleted.report``) feeds the stage histograms:
     llm_steps             stages.llm_steps        denoising passes of that block (a count)
     tts_ttfb              stages.tts_first_audio  block -> first synthesized audio
     e2e_latency           gap_ms                  end of caller speech -> agent audio starts
+    llm_tokens_per_second stages.llm_tokens_per_s reply tokens over the request's wall time
+    llm_requests          llm_requests            LM calls per turn, speculative ones included (a counter)
+    llm_errors            llm_error events        failed LM requests by fault (remote backend; a counter)
+
+For the remote backend (``llm.backend: openai``) llm_ttft runs from the transcript to the
+reply's first clause having streamed, and llm_steps counts the streamed chunks.
 
 Latencies are in seconds, as Prometheus expects (``voice_agent_llm_ttft_seconds``). Every
 metric carries the transport (replay, sip, webrtc, livekit) as a label. The metrics listen
@@ -89,6 +95,18 @@ class AgentMetrics:
             registry=r,
             buckets=STEP_BUCKETS,
         )
+        self.llm_tokens_per_s = Histogram(
+            "llm_tokens_per_second", "Reply tokens per second of the LM request that answered a turn", ["transport"],
+            namespace=NAMESPACE, registry=r, buckets=(10, 25, 50, 100, 200, 400, 800, 1600, 3200, 6400),
+        )
+        self.llm_requests = Counter(
+            "llm_requests", "LM calls made for turns, speculative ones included", ["transport"], namespace=NAMESPACE,
+            registry=r,
+        )
+        self.llm_errors = Counter(
+            "llm_errors", "Failed LM requests, by fault (connect, stall, deadline, rate_limit, server, http, auth, "
+            "malformed, backoff)", ["transport", "error"], namespace=NAMESPACE, registry=r,
+        )
         self.turns = Counter("turns", "Caller turns answered", ["transport"], namespace=NAMESPACE, registry=r)
         self.violations = Counter(
             "budget_violations",
@@ -146,6 +164,8 @@ class AgentMetrics:
             self._turn(transport, getattr(ev, "report", {}) or {})
         elif kind == "violation":
             self.violations.labels(transport, str(getattr(ev, "stage", ""))).inc()
+        elif kind == "llm_error":
+            self.llm_errors.labels(transport, str(getattr(ev, "error", ""))).inc()
         elif kind == "interrupt":
             self.interruptions.labels(transport).inc()
         elif kind == "dtmf":
@@ -164,6 +184,12 @@ class AgentMetrics:
         steps = _number(stages.get("llm_steps"))
         if steps is not None:
             self.llm_steps.labels(transport).observe(steps)
+        tps = _number(stages.get("llm_tokens_per_s"))
+        if tps is not None:
+            self.llm_tokens_per_s.labels(transport).observe(tps)
+        requests = _number(report.get("llm_requests"))
+        if requests:
+            self.llm_requests.labels(transport).inc(requests)
         gap = _number(report.get("gap_ms"))
         if gap is not None:
             self.histograms["e2e_latency"].labels(transport).observe(gap / 1000.0)

@@ -38,6 +38,8 @@ class TurnRecord:
     first_audio: str = "content"  # or "fallback"
     first_content_audio_s: float | None = None
     violations: list[dict[str, Any]] = field(default_factory=list)
+    llm_requests: int = 0  # LM calls for this turn, speculative ones included
+    llm_error: str | None = None  # the committed reply's LM fault (its kind), if the fallback replaced it
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -74,6 +76,8 @@ def summarize(turns: list[dict[str, Any]]) -> dict[str, Any]:
         "speculation_hit_rate": round(hits / len(spec), 3) if spec else None,
         "speculation_wasted_ms": round(sum(t["speculation"].get("wasted_ms", 0.0) for t in turns), 1),
         "fallbacks": sum(1 for t in turns if t.get("first_audio") == "fallback"),
+        "llm_requests_per_turn": round(sum(t.get("llm_requests", 0) for t in turns) / len(turns), 2) if turns else None,
+        "llm_errors": sum(1 for t in turns if t.get("llm_error")),
         "stage_p50_ms": stage_medians,
     }
 

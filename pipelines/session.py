@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from llm.remote import RemoteResponder
+from llm.remote_errors import RemoteLmError
 from llm.responder import Reply, Responder
 from pipelines.budgets import stage_violations
 from pipelines.config import AgentConfig, BudgetConfig, ConfigError, format_validation_error
@@ -34,6 +36,7 @@ from pipelines.events import (
     EndpointDecision,
     EventBus,
     Interrupt,
+    LlmError,
     Partial,
     SessionEnd,
     SessionStart,
@@ -64,7 +67,7 @@ class Engines:
     """Models shared by every session of an agent."""
 
     asr: WhisperEngine
-    responder: Responder
+    responder: Responder | RemoteResponder  # the embedded LM, or a remote server (llm.backend)
     tts: PiperTTS
     turn_audio: SmartTurn | None = None  # Smart Turn, when turn.smart_turn is on
 
@@ -654,7 +657,7 @@ class CallSession:
 
     def _prev_reply(self, exclude: Speculation | None = None) -> Reply | None:
         """The newest finished speculative block of this turn, to warm-start the next one."""
-        if not self.cfg.turn.redenoise:
+        if not self.cfg.turn.redenoise or not getattr(self.engines.responder, "warm_start", True):
             return None
         for s in reversed(self._specs):
             if s is not exclude and s.reply is not None and s.reply.done() and not s.reply.cancelled():
@@ -667,9 +670,38 @@ class CallSession:
     ) -> Reply | None:
         # Speculative work happens before the turn ends, so it gets a longer deadline than the
         # committed path's budget: it is still bounded, and it is cancellable.
+        # A remote LM streams: the reply returns once its first clause for TTS is complete
+        # (the deadline bounds that), and the rest follows in the reply's tail.
         budget_s = self.budgets.llm_block_ms / 1000.0
         deadline = budget_s * 4 if speculative else budget_s
-        return await self.engines.responder.agenerate(text, history, deadline_s=max(deadline, 0.005), prev=prev)
+        utt = self.utt
+        if utt is not None:
+            utt.llm_requests += 1
+        responder = self.engines.responder
+        streamed = {"ready": self._first_clause_ready} if getattr(responder, "streams", False) else {}
+        try:
+            return await responder.agenerate(text, history, deadline_s=max(deadline, 0.005), prev=prev, **streamed)
+        except RemoteLmError as err:
+            self._llm_failed(err, utt, speculative)
+            return None
+
+    def _first_clause_ready(self, text: str) -> bool:
+        """Has ``text`` a first clause that more text cannot change? (Then TTS can start.)"""
+        return len(self.engines.tts.split(text)) >= 2
+
+    def _llm_failed(self, err: Exception, utt: TurnRecord | None, speculative: bool) -> None:
+        kind = getattr(err, "kind", type(err).__name__)
+        if utt is not None and not speculative:
+            utt.llm_error = kind
+        if speculative:
+            log.info("session %s: speculative LM request failed (%s): %s", self.session_id, kind, err)
+        else:
+            log.warning("session %s: LM request failed (%s): %s", self.session_id, kind, err)
+        if getattr(err, "repeat", False):
+            return  # already reported (a refused key)
+        self.bus.emit(LlmError(self.session_id, self.clock.now(), error=kind, message=str(err),
+                               status=getattr(err, "status", None), turn=utt.index if utt is not None else -1,
+                               speculative=speculative))
 
     async def _first_audio(self, reply_text: str) -> tuple[str, np.ndarray] | None:
         parts = self.engines.tts.split(reply_text)
@@ -725,7 +757,7 @@ class CallSession:
         warm = self._prev_reply() if not hit else None  # before the other speculations go
         for s in self._specs:
             if s is not spec:
-                w = s.cancel()
+                w = s.cancel(keep=reply)
                 self.wasted_s += w
                 utt.speculation["wasted_ms"] = round(utt.speculation["wasted_ms"] + w * 1000, 1)
         self._specs = [spec] if spec is not None else []
@@ -738,15 +770,35 @@ class CallSession:
             if warm is not None:
                 utt.speculation["warm_starts"] += 1
             reply = await self._llm(utt.transcript, list(self.history), speculative=False, prev=warm)
+            # None: the LM failed or missed its deadline (``utt.llm_error``); the fallback covers it
         t_llm = self.clock.now()
-        if reply is None or not reply.text:
+        try:
+            await self._answer(utt, reply, spec if hit else None, fallback_start, t_commit, t_asr, t_llm)
+        except asyncio.CancelledError:
+            if reply is not None:
+                reply.cancel()  # a barge-in: the rest of a streamed reply is not wanted
+            raise
+
+    async def _answer(
+        self, utt: TurnRecord, reply: Reply | None, spec: Speculation | None, fallback_start: float | None,
+        t_commit: float, t_asr: float, t_llm: float,
+    ) -> None:
+        hit = spec is not None
+        if reply is None:
+            if fallback_start is not None:
+                text = ""  # the fallback is already playing, and there is nothing more to say
+            else:
+                text = self.cfg.turn.fallback_text
+                utt.first_audio = "fallback"
+        elif not reply.text:
             return
-        utt.response = reply.text
-        utt.heard_response = reply.text
-        utt.stages["llm_steps"] = reply.stats.steps
-        utt.llm_step_times_s = [round(x, 4) for x in reply.stats.step_times]
+        else:
+            text = reply.text
+            utt.stages["llm_steps"] = reply.stats.steps
+            utt.llm_step_times_s = [round(x, 4) for x in reply.stats.step_times]
+        utt.response = utt.heard_response = text
         # 3. first clause of audio
-        parts = self.engines.tts.split(reply.text)
+        parts = self.engines.tts.split(text)
         first: np.ndarray | None = None
         if hit and spec is not None and spec.chain is not None and not spec.chain.done():
             # the reply landed just now and its chain is making (or about to make) the first
@@ -766,10 +818,11 @@ class CallSession:
             self._begin_output(utt.index)
         t_out = self.clock.now()
         start = self._play(first) if first is not None else None
-        if start is None:
+        if start is None and fallback_start is None:
             return
-        utt.first_content_audio_s = start
-        audible_s = start + first_audible_offset(first, self.engines.tts.sample_rate) if first is not None else start
+        if start is not None and first is not None:
+            utt.first_content_audio_s = start
+            audible_s = start + first_audible_offset(first, self.engines.tts.sample_rate)
         if fallback_start is not None:
             utt.first_audio = "fallback"
             start = fallback_start
@@ -788,9 +841,20 @@ class CallSession:
             "output": (start - t_out) * 1000,
         })
         self._check_budgets(utt)
-        self.history.append((utt.transcript, reply.text))
+        rest = parts[1:]
+        if reply is not None and reply.tail is not None:
+            # a streamed reply: the first clause is playing, the rest has been arriving meanwhile
+            full = await reply.complete()
+            rest = _after_first(self.engines.tts.split(full), parts)
+            utt.response = utt.heard_response = full
+            utt.stages["llm_steps"] = reply.stats.steps
+            if reply.error is not None:
+                self._llm_failed(reply.error, utt, speculative=False)
+        if reply is not None and reply.tokens_per_s is not None:
+            utt.stages["llm_tokens_per_s"] = round(reply.tokens_per_s, 1)
+        self.history.append((utt.transcript, utt.response))
         # the rest of the reply, clause by clause; cancellation (barge-in) stops it here
-        for part in parts[1:]:
+        for part in rest:
             pcm = await asyncio.to_thread(self.engines.tts.synth, part)
             if self._playing is not utt:
                 break
@@ -878,6 +942,17 @@ class CallSession:
         task.add_done_callback(self._bg.discard)
         task.add_done_callback(_log_failure)
         return task
+
+
+def _after_first(parts: list[str], first: list[str]) -> list[str]:
+    """The clauses of the whole reply ``parts`` after the one already played (``first[0]``)."""
+    if not first:
+        return parts
+    if parts and parts[0] == first[0]:
+        return parts[1:]
+    said = " ".join(first[0].split())
+    text = " ".join(parts)
+    return [text[len(said):].strip()] if text.startswith(said) and text[len(said):].strip() else parts[1:]
 
 
 def covers(audio_end: float, speech_end: float) -> bool:

@@ -49,13 +49,21 @@ class Speculation:
 
         task.add_done_callback(done)
 
-    def cancel(self) -> float:
-        """Cancel whatever is still running; returns the wall seconds this speculation worked:
-        from its start to now if something was still running, else to when its last step ended."""
+    def cancel(self, keep: Reply | None = None) -> float:
+        """Cancel whatever is still running, a reply still streaming included (unless it is
+        ``keep``, shared with the speculation that is used); returns the wall seconds this
+        speculation worked: from its start to now if something was still running, else to when
+        its last step ended."""
         running = False
         for t in (self.asr, self.reply, self.first_audio):
             if t is not None and not t.done():
                 t.cancel()
+                running = True
+        if self.reply is not None and self.reply.done() and not self.reply.cancelled() \
+                and self.reply.exception() is None:
+            reply = self.reply.result()
+            if reply is not None and reply is not keep and reply.tail is not None and not reply.tail.done():
+                reply.cancel()
                 running = True
         end = time.perf_counter() if running or self._t_last_done is None else self._t_last_done
         return max(0.0, end - self._t0)

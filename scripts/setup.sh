@@ -26,6 +26,6 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
 fi
 # torch==2.13.0 is pinned so pip takes the CPU wheel on disk instead of a CUDA build.
-"$VENV/bin/pip" install -q --disable-pip-version-check -e ".[train,webrtc,livekit,test]"
+"$VENV/bin/pip" install -q --disable-pip-version-check -e ".[train,webrtc,livekit,remote,serving,test]"
 "$VENV/bin/python" scripts/fetch_speech.py
 "$VENV/bin/python" scripts/fetch_models.py
