@@ -70,6 +70,35 @@ def judge(onsets: list[float], turns: list[dict[str, Any]]) -> list[dict[str, An
     return out
 
 
+def true_end_stages(report_turns: list[dict[str, Any]], truth_turns: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Where the time went, from each turn's true end to its reply's first audible sound: the
+    VAD's last voiced frame after the true end, the endpoint decision after it (the VAD's pause
+    report, the hypothesis, the opinions and the wait), the reply's first sample after the
+    commit (LM and TTS when not ready, and the output buffer), and its first audible sound
+    after that. The reply to a truth turn is our last turn committed inside it."""
+    out = []
+    for i, tt in enumerate(truth_turns):
+        nxt = truth_turns[i + 1]["start_s"] if i + 1 < len(truth_turns) else float("inf")
+        mine = [r for r in report_turns if tt["start_s"] <= r["user_speech_end_s"] < nxt and r["endpoint"].get("t")
+                and r.get("agent_audible_s") is not None and r["agent_audible_s"] >= tt["end_s"]]
+        if not mine:
+            continue
+        r = mine[-1]
+        out.append({
+            "vad_end": (r["user_speech_end_s"] - tt["end_s"]) * 1000,
+            "endpoint": (r["endpoint"]["t"] - r["user_speech_end_s"]) * 1000,
+            "commit_to_audio": (r["agent_audio_start_s"] - r["endpoint"]["t"]) * 1000,
+            "audible_lead": (r["agent_audible_s"] - r["agent_audio_start_s"]) * 1000,
+            "final_text_after_vad_end": r["speculation"].get("final_text_ms"),
+        })
+    return out
+
+
+def stage_medians(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    keys = ("vad_end", "endpoint", "commit_to_audio", "audible_lead", "final_text_after_vad_end")
+    return {k: pct([r[k] for r in rows if r.get(k) is not None], 50) for k in keys}
+
+
 def pct(xs: list[float], q: float) -> float | None:
     return round(float(np.percentile(xs, q)), 1) if xs else None
 
@@ -105,7 +134,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     lk_j: list[dict[str, Any]] = []
     ours: dict[str, Any] = {"vad_gaps": [], "session_gaps": [], "stages": {}, "turns": [], "hits": 0, "spec": 0,
                             "violations": 0, "wasted_ms": 0.0, "recovered": 0, "fallbacks": 0,
-                            "wer_errors": 0.0, "wer_words": 0}
+                            "wer_errors": 0.0, "wer_words": 0, "true_stages": {8000: [], 16000: []}}
     lk_turns: list[dict[str, Any]] = []
     for call in calls:
         truth = call["truth"]
@@ -117,6 +146,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         onsets = [t["agent_audio_start_s"] for t in report["turns"] if t["agent_audio_start_s"] is not None]
         ours["vad_gaps"] += [round((on - end) * 1000, 1) for end, on in gaps(onsets, voiced_frame_ends(pcm16))]
         ours["session_gaps"] += [t["gap_ms"] for t in report["turns"] if t["gap_ms"] is not None]
+        ours["true_stages"].setdefault(rate, []).extend(true_end_stages(report["turns"], truth["turns"]))
         ours["fallbacks"] += report["summary"].get("fallbacks", 0)
         ours["violations"] += report["summary"]["violations"]
         ours["wasted_ms"] += report["summary"].get("speculation_wasted_ms", 0.0)
@@ -160,6 +190,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                  "speculation_hit_rate": round(ours["hits"] / ours["spec"], 3) if ours["spec"] else None,
                  "violations": ours["violations"],
                  "stage_p50_ms": {k: round(statistics.median(v), 1) for k, v in ours["stages"].items()},
+                 # from the true end: medians per stage, by the call's sample rate
+                 "true_end_stage_p50_ms": {f"{r // 1000} kHz": stage_medians(v)
+                                           for r, v in ours["true_stages"].items() if v},
                  "premature_endpoints_taken_back": ours["recovered"],
                  "speculation_wasted_s": round(ours["wasted_ms"] / 1000, 1),
                  "final_transcript_wer": round(ours["wer_errors"] / max(1, ours["wer_words"]), 3),
