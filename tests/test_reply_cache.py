@@ -214,3 +214,17 @@ async def test_redis_store_down_and_back_without_blocking() -> None:
         assert await store.get("t:v1:reply:a") is None  # a restarted Redis has lost its entries
         assert await store.put("t:v1:reply:a", e) and await store.get("t:v1:reply:a") is not None
         await store.aclose()
+
+
+def test_prometheus_counts_cache_hits_and_misses() -> None:
+    from pipelines.events import EventBus, SessionStart, TurnCompleted
+    from pipelines.metrics import AgentMetrics
+
+    bus = EventBus()
+    m = AgentMetrics().attach(bus)
+    bus.emit(SessionStart("s", 0.0, transport="sip"))
+    for state in ("hit", "hit", "miss", "unavailable", "uncacheable", "off"):
+        bus.emit(TurnCompleted("s", 1.0, report={"cache": {"state": state}}))
+    value = m.registry.get_sample_value
+    assert value("voice_agent_reply_cache_hits_total", {"transport": "sip"}) == 2
+    assert value("voice_agent_reply_cache_misses_total", {"transport": "sip"}) == 2
