@@ -128,6 +128,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from pipelines.replay import replay_pcm
 
     cfg = load_config(args.config) if args.config else AgentConfig()
+    # the bench's clips recur across calls: it measures fresh replies (bench/reply_cache.py the cache)
+    cfg.cache.enabled = False
     agent = await Agent.load(cfg)
     calls = load_calls(args.split)[: args.calls or None]
     ours_j: list[dict[str, Any]] = []

@@ -4,6 +4,8 @@ varied wording so the model learns the pattern, not one string."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 
 from llm.pair import Pair
@@ -121,3 +123,9 @@ def persona_pairs(seed: int = 0, copies: int = 40) -> list[Pair]:
             for text in ins:
                 out.append(Pair(_surface(text, rng), rng.choice(outs), "persona"))
     return out
+
+
+def persona_fingerprint() -> str:
+    """A hash of the persona's wording: it shapes the replies of a model trained with it, so
+    a reply cache keys on it (an edited persona invalidates replies cached under the old)."""
+    return hashlib.sha256(json.dumps(_GROUPS).encode()).hexdigest()[:16]

@@ -155,10 +155,15 @@ class RemoteResponder:
         if client is not None:
             await client.close()
 
-    def messages(self, user_text: str, history: list[tuple[str, str]] | tuple = ()) -> list[dict[str, str]]:
+    def visible_history(self, history: list[tuple[str, str]] | tuple = ()) -> list[tuple[str, str]]:
+        """The turns of the conversation a request carries (``llm.openai.history_turns``): all
+        a reply cache must key on besides the words, the system prompt and the model."""
         n = self.ocfg.history_turns
+        return list(history)[-n:] if n else []
+
+    def messages(self, user_text: str, history: list[tuple[str, str]] | tuple = ()) -> list[dict[str, str]]:
         out = [{"role": "system", "content": self.ocfg.system_prompt}]
-        for said, answered in (list(history)[-n:] if n else []):
+        for said, answered in self.visible_history(history):
             out.append({"role": "user", "content": said})
             if answered:  # a reply the caller cut off before hearing any of it is not sent
                 out.append({"role": "assistant", "content": answered})

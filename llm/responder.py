@@ -127,9 +127,13 @@ class Responder:
             return None
         return self.turn_end.probs(self.probe_lm, [user_text])[0]
 
+    def visible_history(self, history: list[tuple[str, str]] | tuple = ()) -> list[tuple[str, str]]:
+        """The part of the conversation the prompt holds (``llm.history_turns`` turns): all
+        of the history that shapes a reply, and so all of it a reply cache must key on."""
+        return list(history)[-self.cfg.history_turns :] if self.cfg.history_turns else []
+
     def _prompt(self, text: str, history: list[tuple[str, str]] | tuple = ()) -> list[int]:
-        hist = list(history)[-self.cfg.history_turns :] if self.cfg.history_turns else []
-        return self.lm.prompt_ids(text, hist, self.cfg.prompt_len)
+        return self.lm.prompt_ids(text, self.visible_history(history), self.cfg.prompt_len)
 
     def _reply(self, res: BlockResult, text: str, remasked: int = -1) -> Reply:
         return Reply(self.lm.decode(res.ids), res.ids, res.block, res.confidence, res.stats, text, remasked)

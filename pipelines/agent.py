@@ -9,10 +9,12 @@ from typing import Any
 
 import numpy as np
 
+from llm.fingerprint import model_fingerprint
 from llm.remote import RemoteResponder
 from llm.responder import Responder
 from pipelines.config import AgentConfig
 from pipelines.events import EventBus
+from pipelines.reply_cache.cache import ReplyCache
 from pipelines.session import CallSession, Engines
 from pipelines.transport import AudioOutput, Clock
 from voice.asr import WhisperEngine
@@ -42,6 +44,8 @@ def load_engines(cfg: AgentConfig) -> Engines:
     tts = PiperTTS(cfg.tts)
     asr.warmup()
     tts.synth("Hello.")
+    if cfg.cache.enabled and isinstance(responder, Responder):
+        model_fingerprint(responder.lm.path)  # memoised: the agent's cache keys on it (a remote one: its name)
     turn_audio = None
     if cfg.turn.smart_turn:
         turn_audio = SmartTurn(cfg.turn.smart_turn_model)
@@ -55,6 +59,21 @@ class Agent:
         self.engines = engines
         self.bus = EventBus()
         self.sessions: dict[str, CallSession] = {}
+        # one reply cache for every call of this agent (and, with Redis, of every agent)
+        self.reply_cache: ReplyCache | None = None
+        if cfg.cache.enabled:
+            self.reply_cache = ReplyCache.for_engines(cfg.cache, engines.responder, engines.tts)
+            self.reply_cache.on_state = self._cache_state_changed
+
+    def _cache_state_changed(self, up: bool, error: str) -> None:
+        """The cache's backend went down or came back: every call in progress says so now."""
+        for session in list(self.sessions.values()):
+            session._note_cache_state()
+
+    async def aclose(self) -> None:
+        """Release what the agent holds outside its sessions (the cache's Redis connection)."""
+        if self.reply_cache is not None:
+            await self.reply_cache.aclose()
 
     @classmethod
     async def load(cls, cfg: AgentConfig | None = None) -> Agent:
@@ -88,7 +107,8 @@ class _TrackedSession(CallSession):
     def __init__(
         self, agent: Agent, output: AudioOutput, clock: Clock, transport: str, session_id: str | None
     ) -> None:
-        super().__init__(agent.engines, agent.cfg, output, clock, agent.bus, transport, session_id)
+        super().__init__(agent.engines, agent.cfg, output, clock, agent.bus, transport, session_id,
+                         reply_cache=agent.reply_cache)
         self._agent = agent
 
     async def close(self, reason: str = "completed") -> dict:

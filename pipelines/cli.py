@@ -67,6 +67,7 @@ async def _replay(args: argparse.Namespace) -> int:
     finally:
         if bridge is not None:
             await bridge.close()
+        await agent.aclose()
     if multi:
         from pipelines.report import summarize
 

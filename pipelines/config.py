@@ -5,8 +5,8 @@ An unknown key or a bad value is rejected, and the error names the key path
 
 The engines' own sections live beside them and are composed here: ``asr`` is
 `voice.asr_config.AsrConfig`, ``tts`` `voice.tts_config.TtsConfig`, ``sip``
-`voice.transports.sip.config.SipConfig` and ``llm`` `llm.config.LlmConfig`; their names stay
-importable from this module.
+`voice.transports.sip.config.SipConfig`, ``llm`` `llm.config.LlmConfig` and ``cache``
+`pipelines.reply_cache.config.CacheConfig`; their names stay importable from this module.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from llm.config import LlmConfig
+from pipelines.reply_cache.config import CacheConfig
 from voice.asr_config import AsrConfig
 from voice.settings import Section
 from voice.transports.sip.config import SipConfig
@@ -139,6 +140,7 @@ class AgentConfig(Section):
     webrtc: WebrtcConfig = Field(default_factory=WebrtcConfig)
     livekit: LivekitConfig = Field(default_factory=LivekitConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
 
 
 def format_validation_error(err: ValidationError) -> str:

@@ -103,6 +103,16 @@ class Dtmf(Event):
 
 
 @dataclass
+class CacheState(Event):
+    """The reply cache's backend went down (the call goes on uncached) or came back."""
+
+    backend: str = ""
+    available: bool = True
+    error: str = ""
+    kind: str = field(init=False, default="cache")
+
+
+@dataclass
 class TurnCompleted(Event):
     """One caller turn and the agent's reply; ``report`` is the turn's report dict."""
 

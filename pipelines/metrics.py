@@ -15,6 +15,10 @@ Each turn's report (``TurnCompleted.report``) feeds the stage histograms:
 For the remote backend (``llm.backend: openai``) llm_ttft runs from the transcript to the
 reply's first clause having streamed, and llm_steps counts the streamed chunks.
 
+and the counters: turns, violations, speculation hits/misses, and ``reply_cache_hits`` /
+``reply_cache_misses`` from ``cache.state`` (a miss: a cacheable turn not found, or found
+with the backend down; turns with specifics are neither).
+
 Latencies are in seconds, as Prometheus expects (``voice_agent_llm_ttft_seconds``). Every
 metric carries the transport (replay, sip, webrtc, livekit) as a label. The metrics listen
 on the bus synchronously (a histogram observe costs microseconds), so they never lag and
@@ -125,6 +129,12 @@ class AgentMetrics:
         self.speculation_hit_rate = Gauge(
             "speculation_hit_rate", "Hits over speculative turns since start", namespace=NAMESPACE, registry=r
         )
+        self.reply_cache_hits = Counter(
+            "reply_cache_hits", "Turns answered from the reply cache (no LM, no TTS)", ["transport"],
+            namespace=NAMESPACE, registry=r)
+        self.reply_cache_misses = Counter(
+            "reply_cache_misses", "Cacheable turns the reply cache could not answer (not found, or its backend down)",
+            ["transport"], namespace=NAMESPACE, registry=r)
         self.interruptions = Counter(
             "interruptions",
             "Agent replies cut off by the caller (barge-in)",
@@ -199,6 +209,11 @@ class AgentMetrics:
             self._spec_turns += 1
             self._hits += hit
             self.speculation.labels(transport, "hit" if hit else "miss").inc()
+        cache = (report.get("cache") or {}).get("state")
+        if cache == "hit":
+            self.reply_cache_hits.labels(transport).inc()
+        elif cache in ("miss", "unavailable"):
+            self.reply_cache_misses.labels(transport).inc()
 
 
 def _number(x: Any) -> float | None:

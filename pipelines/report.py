@@ -35,6 +35,8 @@ class TurnRecord:
     endpoint: dict[str, Any] = field(default_factory=dict)
     stages: dict[str, float] = field(default_factory=dict)
     llm_step_times_s: list[float] = field(default_factory=list)
+    # the reply cache: state hit | miss | unavailable | uncacheable (+ reason) | off; stored
+    cache: dict[str, Any] = field(default_factory=lambda: {"state": "off", "lookup_ms": 0.0, "stored": False})
     first_audio: str = "content"  # or "fallback"
     first_content_audio_s: float | None = None
     violations: list[dict[str, Any]] = field(default_factory=list)
@@ -61,6 +63,8 @@ def summarize(turns: list[dict[str, Any]]) -> dict[str, Any]:
     gaps = [t["gap_ms"] for t in turns if t.get("gap_ms") is not None]
     spec = [t["speculation"] for t in turns if t["speculation"].get("used")]
     hits = sum(1 for s in spec if s.get("hit"))
+    cache = [(t.get("cache") or {}).get("state") for t in turns]
+    looked_up = [c for c in cache if c in ("hit", "miss", "unavailable")]
     stage_medians = {}
     for s in (*STAGES, "llm_steps"):
         vals = [t["stages"][s] for t in turns if s in t.get("stages", {})]
@@ -78,6 +82,8 @@ def summarize(turns: list[dict[str, Any]]) -> dict[str, Any]:
         "fallbacks": sum(1 for t in turns if t.get("first_audio") == "fallback"),
         "llm_requests_per_turn": round(sum(t.get("llm_requests", 0) for t in turns) / len(turns), 2) if turns else None,
         "llm_errors": sum(1 for t in turns if t.get("llm_error")),
+        "cache_hits": looked_up.count("hit"),
+        "cache_hit_rate": round(looked_up.count("hit") / len(looked_up), 3) if looked_up else None,
         "stage_p50_ms": stage_medians,
     }
 

@@ -74,6 +74,19 @@ def turn_budgets(turn: dict[str, Any], budgets: dict[str, float]) -> dict[str, f
     return out
 
 
+def cache_note(turn: dict[str, Any]) -> str | None:
+    """What the reply cache did for a turn, in a few words (None: no cache, or nothing to say)."""
+    c = turn.get("cache") or {}
+    state = c.get("state")
+    if state == "hit":
+        return f"reply from the cache ({_num(c.get('lookup_ms')) or 0:.1f} ms lookup): no LM, no TTS"
+    if state == "unavailable":
+        return "cache backend down: answered uncached"
+    if state == "uncacheable" and c.get("reason"):
+        return f"not cached: {c['reason']}"
+    return None
+
+
 def _num(x: Any) -> float | None:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
 

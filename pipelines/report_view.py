@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pipelines.budgets import STAGES
-from pipelines.report_data import ReportError, _num, _short, budgets_of, load_report, turn_budgets
+from pipelines.report_data import ReportError, _num, _short, budgets_of, cache_note, load_report, turn_budgets
 
 # -- table ---------------------------------------------------------------------------
 
@@ -67,6 +67,9 @@ def _row(turn: dict[str, Any], budgets: dict[str, float]) -> list[Any]:
         said.append(f"\n✂ barge-in; heard: {_short(turn.get('heard_response'), 60)!r}", style="yellow")
     if turn.get("first_audio") == "fallback":
         said.append("\nfallback audio first", style="yellow")
+    note = cache_note(turn)
+    if note:
+        said.append("\n↺ " + note, style="green" if (turn.get("cache") or {}).get("state") == "hit" else "dim")
     gap = _num(turn.get("gap_ms"))
     gap_cell = Text("—" if gap is None else f"{gap:.0f}", style="" if gap is None else _style(gap, budgets["target"]))
     stages = turn.get("stages") or {}
@@ -109,6 +112,9 @@ def _summary_line(report: dict[str, Any], budgets: dict[str, float]) -> Text:
     rate = _num(s.get("speculation_hit_rate"))
     if rate is not None:
         parts.append(f"speculation hits {rate:.0%}")
+    cache_rate = _num(s.get("cache_hit_rate"))
+    if cache_rate is not None:
+        parts.append(f"cache hits {s.get('cache_hits', 0)} ({cache_rate:.0%})")
     if s.get("interrupted"):
         parts.append(f"barge-ins {s['interrupted']}")
     dtmf = report.get("dtmf") or []

@@ -9,7 +9,8 @@ Timeline of a turn (all times on the call timeline):
     caller speech ─────┐ last voiced frame (user_speech_end_s)
                        ├─ pause: speculation starts (ASR → LLM block → first clause audio)
                        ├─ endpoint decision (silence ≥ required by the endpointer)
-                       └─ reply plays: prepared audio if the speculation hit, else regenerated
+                       └─ reply plays: from the reply cache if the words were answered before,
+                          prepared audio if the speculation hit, else regenerated
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pipelines.budgets import stage_violations
 from pipelines.config import AgentConfig, BudgetConfig, ConfigError, format_validation_error
 from pipelines.endpointing import LOOKS_DONE, Endpointer, completeness, nearly_function_word, surface_kind
 from pipelines.events import (
+    CacheState,
     Dtmf,
     EndpointDecision,
     EventBus,
@@ -46,6 +48,8 @@ from pipelines.events import (
     TurnCompleted,
     Violation,
 )
+from pipelines.reply_cache.cache import Lookup, ReplyCache
+from pipelines.reply_cache.entry import CachedReply
 from pipelines.report import TurnRecord, summarize
 from pipelines.speculation import Speculation, run_chain, same_words, with_first_audio_of
 from pipelines.transport import AudioClock, AudioOutput, Clock
@@ -83,8 +87,11 @@ class CallSession:
         transport: str = "replay",
         session_id: str | None = None,
         vad: VadSegmenter | None = None,
+        reply_cache: ReplyCache | None = None,
     ) -> None:
         self.engines = engines
+        self.reply_cache = reply_cache
+        self._cache_up = True  # the cache backend's state this call last reported
         self.cfg = cfg
         self.budgets = cfg.budgets.model_copy()
         self.output = output
@@ -466,6 +473,13 @@ class CallSession:
         history = list(self.history)
 
         async def reply(text: str) -> Reply | None:
+            if self.reply_cache is not None:
+                look = await self.reply_cache.lookup(text, history)
+                self._note_cache_state()
+                if look.entry is not None:  # answered before: nothing to decode or synthesise
+                    spec.cache = look
+                    spec.ready_t = self.clock.now()
+                    return None
             # another speculation on the same words already has a reply: share it
             for other in self._specs:
                 if other is not spec and other.reply is not None and other.text is not None \
@@ -744,8 +758,12 @@ class CallSession:
             if self.utt is utt:
                 self.utt = None
             return
-        # 2. reply block: reuse a speculation on the same words, else regenerate
+        # 2. reply block: from the cache, else reuse a speculation on the same words, else regenerate
         spec = self._matching_spec(-1, utt.transcript)
+        look = await self._cache_lookup(utt)
+        cached = look.entry if look is not None else None
+        if cached is not None:
+            spec = None  # every speculation goes: the reply is here, whole
         hit = spec is not None and spec.reply is not None and not spec.reply.cancelled()
         used = [s for s in self._specs if s.reply is not None or s.first_audio is not None]
         utt.speculation["used"] = bool(used) or hit
@@ -754,7 +772,7 @@ class CallSession:
         if hit:
             assert spec is not None and spec.reply is not None
             reply = await spec.reply
-        warm = self._prev_reply() if not hit else None  # before the other speculations go
+        warm = self._prev_reply() if not hit and cached is None else None  # before the other speculations go
         for s in self._specs:
             if s is not spec:
                 w = s.cancel(keep=reply)
@@ -762,18 +780,20 @@ class CallSession:
                 utt.speculation["wasted_ms"] = round(utt.speculation["wasted_ms"] + w * 1000, 1)
         self._specs = [spec] if spec is not None else []
         fallback_start: float | None = None
-        prepared = hit and spec is not None and spec.first_audio is not None and spec.first_audio.done()
+        prepared = cached is not None or (
+            hit and spec is not None and spec.first_audio is not None and spec.first_audio.done())
         if self.cfg.turn.fallback and not prepared:
             # Nothing is ready to say: cover the wait with a short acknowledgement.
             fallback_start = await self._play_fallback(utt)
-        if reply is None:
+        if reply is None and cached is None:
             if warm is not None:
                 utt.speculation["warm_starts"] += 1
             reply = await self._llm(utt.transcript, list(self.history), speculative=False, prev=warm)
             # None: the LM failed or missed its deadline (``utt.llm_error``); the fallback covers it
         t_llm = self.clock.now()
         try:
-            await self._answer(utt, reply, spec if hit else None, fallback_start, t_commit, t_asr, t_llm)
+            await self._answer(utt, reply, spec if hit else None, fallback_start, t_commit, t_asr, t_llm,
+                               cached, look)
         except asyncio.CancelledError:
             if reply is not None:
                 reply.cancel()  # a barge-in: the rest of a streamed reply is not wanted
@@ -781,10 +801,12 @@ class CallSession:
 
     async def _answer(
         self, utt: TurnRecord, reply: Reply | None, spec: Speculation | None, fallback_start: float | None,
-        t_commit: float, t_asr: float, t_llm: float,
+        t_commit: float, t_asr: float, t_llm: float, cached: CachedReply | None, look: Lookup | None,
     ) -> None:
         hit = spec is not None
-        if reply is None:
+        if cached is not None:
+            text = cached.text
+        elif reply is None:
             if fallback_start is not None:
                 text = ""  # the fallback is already playing, and there is nothing more to say
             else:
@@ -798,8 +820,8 @@ class CallSession:
             utt.llm_step_times_s = [round(x, 4) for x in reply.stats.step_times]
         utt.response = utt.heard_response = text
         # 3. first clause of audio
-        parts = self.engines.tts.split(text)
-        first: np.ndarray | None = None
+        parts = list(cached.clauses) if cached is not None else self.engines.tts.split(text)
+        first: np.ndarray | None = cached.audio[0] if cached is not None else None
         if hit and spec is not None and spec.chain is not None and not spec.chain.done():
             # the reply landed just now and its chain is making (or about to make) the first
             # clause: wait for it rather than synthesising the same clause twice side by side
@@ -808,6 +830,7 @@ class CallSession:
             first = await spec.first_audio
         if first is None and parts:
             first = await asyncio.to_thread(self.engines.tts.synth, parts[0])
+        clause_audio = [first] if first is not None else []  # the whole reply, for the cache
         t_tts = self.clock.now()
         if hit and spec is not None and spec.ready_t is not None:
             # when the prepared first clause was ready, from the caller's last voiced frame
@@ -842,6 +865,7 @@ class CallSession:
         })
         self._check_budgets(utt)
         rest = parts[1:]
+        rest_audio = list(cached.audio[1:]) if cached is not None else None
         if reply is not None and reply.tail is not None:
             # a streamed reply: the first clause is playing, the rest has been arriving meanwhile
             full = await reply.complete()
@@ -854,11 +878,16 @@ class CallSession:
             utt.stages["llm_tokens_per_s"] = round(reply.tokens_per_s, 1)
         self.history.append((utt.transcript, utt.response))
         # the rest of the reply, clause by clause; cancellation (barge-in) stops it here
-        for part in rest:
-            pcm = await asyncio.to_thread(self.engines.tts.synth, part)
+        for i, part in enumerate(rest):
+            pcm = rest_audio[i] if rest_audio is not None else await asyncio.to_thread(self.engines.tts.synth, part)
             if self._playing is not utt:
                 break
             self._play(pcm)
+            clause_audio.append(pcm)
+        if look is not None and cached is None:
+            failed = (fallback_start is not None or utt.first_audio == "fallback"
+                      or getattr(reply, "error", None) is not None)
+            self._spawn(self._cache_store(utt, look, utt.response, parts[:1] + rest, clause_audio, reply, failed))
         if self._playing is utt:
             self._play(np.zeros(0, dtype=np.int16), last=True)  # flush the resampler's tail
         utt.agent_audio_end_s = self.output.busy_until()
@@ -866,6 +895,45 @@ class CallSession:
             self._announce(self._unannounced, self.clock.now())
         self._unannounced = utt
         self._announce_if_heard()
+
+    async def _cache_lookup(self, utt: TurnRecord) -> Lookup | None:
+        """The committed turn's reply from the cache (a speculation on the same words may have
+        found it already); the turn's report says what the cache did."""
+        if self.reply_cache is None:
+            return None
+        known = self.reply_cache.turn_key(utt.transcript, self.history)
+        look: Lookup | None = None
+        if known is not None and known.state == "miss":
+            for s in reversed(self._specs):
+                if s.cache is not None and s.cache.key == known.key and s.cache.entry is not None:
+                    look = s.cache
+                    break
+        if look is None:
+            look = await self.reply_cache.lookup(utt.transcript, self.history)
+        utt.cache = look.report()
+        self._note_cache_state()
+        return look
+
+    async def _cache_store(self, utt: TurnRecord, look: Lookup, text: str, parts: list[str],
+                           audio: list[np.ndarray], reply: Reply | None, fallback: bool) -> None:
+        assert self.reply_cache is not None
+        outcome = await self.reply_cache.store(
+            look, text, parts, audio, self.engines.tts.sample_rate,
+            deadline_missed=reply is None or reply.stats.deadline_hit, fallback=fallback)
+        utt.cache["stored"] = outcome == "stored"
+        if outcome != "stored":
+            utt.cache["not_stored"] = outcome
+        self._note_cache_state()
+
+    def _note_cache_state(self) -> None:
+        """A `cache` event when the cache's backend went down (this call goes on uncached) or
+        came back since this call last said so."""
+        cache = self.reply_cache
+        if cache is None or cache.available == self._cache_up or self.closed:
+            return
+        self._cache_up = cache.available
+        self.bus.emit(CacheState(self.session_id, self.clock.now(), backend=cache.backend,
+                                 available=cache.available, error=cache.last_error))
 
     def _announce_if_heard(self) -> None:
         u = self._unannounced

@@ -3,7 +3,8 @@
 At each pause the session snapshots the caller's audio and starts, in order: the ASR
 hypothesis of exactly that audio, a reply block for it, and the first clause of the reply as
 audio. If the turn then commits with the same audio (no further speech) or the same
-normalised transcript, all of it is reused and the reply can play at once. Otherwise it is
+normalised transcript, all of it is reused and the reply can play at once. Words the reply
+cache has answered before need no reply block and no audio at all (``Speculation.cache``). Otherwise it is
 cancelled; its compute is counted as waste. Speculative replies never enter the history.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from llm.responder import Reply
+from pipelines.reply_cache.cache import Lookup
 from voice.asr import normalize_words
 
 
@@ -36,6 +38,7 @@ class Speculation:
     text: str | None = None
     ready_t: float | None = None  # call time its first clause of audio was ready
     chain: asyncio.Task[None] | None = None  # `run_chain` on this speculation, once started
+    cache: Lookup | None = None  # the reply cache answered these words: no LM or TTS work
     _t0: float = field(default_factory=time.perf_counter)
     _t_last_done: float | None = None
 

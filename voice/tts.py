@@ -66,6 +66,7 @@ class PiperTTS:
         opts = onnxruntime.SessionOptions()
         opts.intra_op_num_threads = self.cfg.threads
         opts.inter_op_num_threads = 1
+        self.model_file, self.config_file = model, config
         self.voice = PiperVoice.load(model, config_path=config)
         # PiperVoice.load builds its own session; rebuild it with our thread limits.
         self.voice.session = onnxruntime.InferenceSession(
