@@ -26,6 +26,9 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
 fi
 # torch==2.13.0 is pinned so pip takes the CPU wheel on disk instead of a CUDA build.
-"$VENV/bin/pip" install -q --disable-pip-version-check -e ".[train,webrtc,livekit,remote,serving,test]"
+"$VENV/bin/pip" install -q --disable-pip-version-check -e ".[train,webrtc,livekit,remote,serving,pipecat,test]"
+# Pipecat without its dependencies, which would downgrade protobuf and soxr under livekit-agents;
+# the [pipecat] extra above holds the ones it needs (docs/pipecat.md).
+"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "pipecat-ai==1.14.0"
 "$VENV/bin/python" scripts/fetch_speech.py
 "$VENV/bin/python" scripts/fetch_models.py
