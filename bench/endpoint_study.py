@@ -109,14 +109,15 @@ def policies() -> dict[str, Any]:
             return wait_ms(1 / (1 + math.exp(-(_logit(r["p_words"]) + w * _logit(r["p_audio"])))), 80, 900)
         out[f"both summed w={w}"] = summed
     for th in (0.6, 0.7, 0.8):
-        for mid in (600, 700, 800):
-            # the session's rule (`pipelines.endpointing.AGREE`): the shortest wait only when the
-            # words and the sound agree; either in doubt waits ``mid``
-            def agree(r: dict[str, Any], th: float = th, mid: float = mid) -> float:
+        for lo, mid in ((80, 600), (80, 800), (200, 800), (270, 800)):
+            # the session's rule (`pipelines.endpointing.AGREE`): the shortest wait (``lo``,
+            # turn.agree_silence_ms) only when the words and the sound agree; either in doubt
+            # waits ``mid`` (turn.disagree_silence_ms); a trailing function word the longest
+            def agree(r: dict[str, Any], th: float = th, lo: float = lo, mid: float = mid) -> float:
                 if r["p_words"] <= 0.1:
-                    return wait_ms(r["p_words"], 80, 900)
-                return 80.0 if r["p_words"] >= th and r["p_audio"] >= th else float(mid)
-            out[f"both agree>={th} else {mid}"] = agree
+                    return 900.0
+                return lo if r["p_words"] >= th and r["p_audio"] >= th else float(mid)
+            out[f"agree>={th} {lo} else {mid}"] = agree
     return out
 
 

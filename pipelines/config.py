@@ -47,6 +47,8 @@ class VadConfig(Section):
 class TurnConfig(Section):
     min_silence_ms: int = Field(80, ge=0, le=3000, description="silence before a complete-looking turn commits")
     incomplete_silence_ms: int = Field(900, ge=0, le=5000, description="silence after a trailing function word")
+    agree_silence_ms: int = Field(
+        270, ge=0, le=5000, description="with Smart Turn: silence when the words and the pause's sound both say done")
     disagree_silence_ms: int = Field(
         800, ge=0, le=5000, description="with Smart Turn: silence when the words and the pause's sound disagree")
     max_silence_ms: int = Field(1200, ge=0, le=10000, description="commit regardless after this much silence")
@@ -63,6 +65,9 @@ class TurnConfig(Section):
         True, description="a new hypothesis re-decodes only the changed and unsure positions of the previous "
                           "speculation's block (warm start) instead of starting from all masks")
     barge_in: bool = True
+    takeback_ms: int = Field(
+        600, ge=0, le=5000, description="a caller who speaks again this soon after the reply became audible goes on "
+                                        "with their turn: the reply stops at once and the turn is answered whole")
     barge_in_min_ms: int = Field(300, ge=0, le=3000, description="caller speech shorter than this is a backchannel")
     fallback: bool = False
     fallback_text: str = "Mm-hmm."
@@ -70,7 +75,7 @@ class TurnConfig(Section):
 
 class BudgetConfig(Section):
     target_gap_ms: int = Field(200, ge=10, le=10000)
-    endpoint_ms: int = Field(80, ge=0, le=5000)
+    endpoint_ms: int = Field(80, ge=0, le=5000, description="deciding the endpoint, beyond the silence it requires")
     asr_final_ms: int = Field(40, ge=0, le=5000)
     llm_block_ms: int = Field(40, ge=0, le=5000)
     tts_first_audio_ms: int = Field(20, ge=0, le=5000)

@@ -286,9 +286,10 @@ class CallSession:
     def _on_speech_start(self, t: float) -> None:
         self.bus.emit(SpeechStart(self.session_id, t))
         self._speech_run_start = t
-        if self.utt is not None and self._committed and not self._reply_audible(t):
-            # The caller went on before our reply was heard: the endpoint was premature.
-            # Take the reply back (including audio already queued) and continue the same turn.
+        if self.utt is not None and self._committed and (not self._reply_audible(t) or self._just_heard(t)):
+            # The caller went on before our reply was heard, or just after it began (they were
+            # joining a second sentence, not answering it): the endpoint was premature. Take the
+            # reply back (and stop it, if it was playing) and continue the same turn.
             self._cancel_response()
             if self._unannounced is self.utt:
                 self._unannounced = None  # the turn goes on: not final yet
@@ -344,6 +345,15 @@ class CallSession:
         if missing > 0:
             self._pause_buf.append(np.zeros(int(round(missing * ASR_RATE)), dtype=np.int16))
         self._pause_buf.extend(held)
+
+    def _just_heard(self, t: float) -> bool:
+        """The current turn's reply had been audible for under ``turn.takeback_ms`` at call time
+        ``t``, and is still the one playing: a caller who speaks now goes on with their turn."""
+        utt = self.utt
+        return (
+            utt is not None and self._playing is utt and utt.agent_audio_start_s is not None
+            and t - utt.agent_audio_start_s < self.cfg.turn.takeback_ms / 1000.0
+        )
 
     def _reply_audible(self, t: float) -> bool:
         """Had the caller heard the current turn's reply by call time ``t``?"""
@@ -628,7 +638,8 @@ class CallSession:
                 return  # the LM's opinion is a few ms away
             required = self.endpointer.required_silence_ms(
                 text, lm_prob=lm_prob, near=self.asr.near_next(text), audio_prob=audio_prob)
-            reason = "complete" if required <= self.cfg.turn.min_silence_ms else "incomplete-wait"
+            shortest = self.cfg.turn.min_silence_ms if audio_prob is None else self.cfg.turn.agree_silence_ms
+            reason = "complete" if required <= shortest else "incomplete-wait"
         elif self._last_partial is not None:
             if self._covering_asr_in_flight() and silence_ms < self.cfg.turn.max_silence_ms:
                 # the transcript of all the speech is on its way, and the reply needs it anyway:
@@ -974,7 +985,12 @@ class CallSession:
         return self.output.play(out)
 
     def _check_budgets(self, utt: TurnRecord) -> None:
-        for v in stage_violations(utt.stages, self.budgets):
+        # the endpoint's budget is for deciding, not for the silence the endpointer chose to
+        # wait (``required_ms``): that wait is the turn-taking policy, reported on its own
+        stages = dict(utt.stages)
+        if "vad_endpoint" in stages:
+            stages["vad_endpoint"] -= float(utt.endpoint.get("required_ms") or 0.0)
+        for v in stage_violations(stages, self.budgets):
             utt.violations.append(v)
             self.bus.emit(Violation(self.session_id, self.clock.now(), turn=utt.index, **v))
 
