@@ -1,7 +1,7 @@
 """Turn-gap benchmark on the evaluation set: our pipeline against LiveKit Agents, same engines,
 same calls, same run, measured by a ruler neither holds.
 
-    python bench/turn_gap.py [--split test] [--calls N] [--json PATH] [--skip-livekit]
+    python bench/turn_gap.py [--split test] [--calls N] [--json PATH] [--skip-livekit] [--skip-pipecat]
 
 The calls are the evaluation set's (`bench/eval_calls.py`, docs/eval_set.md): real recorded
 speech from several speakers, half of the calls through the 8 kHz band with G.711, with
@@ -12,7 +12,10 @@ is replayed at real-time pace through:
 - ours: `CallSession` via the replay transport, at the call's own rate, default config;
 - LiveKit: a livekit-agents `AgentSession` with default turn handling, running the same
   faster-whisper, diffusion LM and Piper engines wrapped as livekit-agents plugins, with
-  custom audio input/output and no room (16 kHz).
+  custom audio input/output and no room (16 kHz);
+- Pipecat: a Pipecat 1.14 pipeline with its default turn strategy (Silero VAD, then Smart Turn
+  v3.2), the same engines as Pipecat services, custom input and output transports
+  (`pipelines.pipecat_peer`, docs/pipecat.md; 16 kHz).
 
 Both are measured the same way, from the ground truth of the call (the caller's last audible
 sample of each turn, taken from the source clip before noise and codec) to the first audible
@@ -134,6 +137,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     calls = load_calls(args.split)[: args.calls or None]
     ours_j: list[dict[str, Any]] = []
     lk_j: list[dict[str, Any]] = []
+    pc_j: list[dict[str, Any]] = []
+    pc_turns: list[dict[str, Any]] = []
+    if not args.skip_pipecat:
+        from loguru import logger  # Pipecat logs every frame at DEBUG
+
+        logger.remove()
+        logger.add(sys.stderr, level="WARNING")
     ours: dict[str, Any] = {"vad_gaps": [], "session_gaps": [], "stages": {}, "turns": [], "hits": 0, "spec": 0,
                             "violations": 0, "wasted_ms": 0.0, "recovered": 0, "fallbacks": 0,
                             "wer_errors": 0.0, "wer_words": 0, "true_stages": {8000: [], 16000: []}}
@@ -181,6 +191,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             lk_turns += [{"call": call["id"]} | t for t in res["turns"]]
             print(f"{call['id']}: livekit {[j['gap_ms'] for j in judged_lk]} "
                   f"cuts {[k for j in judged_lk for k, n in j['cut'].items() if n]}", flush=True)
+        if not args.skip_pipecat:
+            from pipelines.pipecat_peer import run_pipecat_session
+
+            res = await run_pipecat_session(agent, pcm16, cfg=cfg)
+            judged_pc = judge(audible_onsets(res["agent_audio"], RATE), truth["turns"])
+            pc_j += judged_pc
+            pc_turns += [{"call": call["id"]} | t for t in res["turns"]]
+            print(f"{call['id']}: pipecat {[j['gap_ms'] for j in judged_pc]} "
+                  f"cuts {[k for j in judged_pc for k, n in j['cut'].items() if n]}", flush=True)
     paused = sum(1 for c in calls for t in c["truth"]["turns"] if t["pauses"])
     out: dict[str, Any] = {
         "split": args.split, "calls": len(calls), "turns": len(ours_j), "turns_with_mid_pause": paused,
@@ -200,9 +219,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                  "final_transcript_wer": round(ours["wer_errors"] / max(1, ours["wer_words"]), 3),
                  "turns": ours["turns"]},
         "livekit": {**summary(lk_j), "turns": lk_turns} if not args.skip_livekit else None,
+        "pipecat": {**summary(pc_j), "turns": pc_turns} if not args.skip_pipecat else None,
     }
     if out["livekit"] and out["livekit"]["p50_ms"] and out["ours"]["p50_ms"]:
         out["ratio_p50"] = round(out["ours"]["p50_ms"] / out["livekit"]["p50_ms"], 3)
+    if out["pipecat"] and out["pipecat"]["p50_ms"] and out["ours"]["p50_ms"]:
+        out["ratio_p50_pipecat"] = round(out["ours"]["p50_ms"] / out["pipecat"]["p50_ms"], 3)
     return out
 
 
@@ -213,11 +235,13 @@ def main() -> None:
     ap.add_argument("--config")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--skip-livekit", action="store_true")
+    ap.add_argument("--skip-pipecat", action="store_true")
     args = ap.parse_args()
     out = asyncio.run(run(args))
     brief = {**out, "ours": {k: v for k, v in out["ours"].items() if k != "turns"}}
-    if out["livekit"]:
-        brief["livekit"] = {k: v for k, v in out["livekit"].items() if k != "turns"}
+    for peer in ("livekit", "pipecat"):
+        if out[peer]:
+            brief[peer] = {k: v for k, v in out[peer].items() if k != "turns"}
     print(json.dumps(brief, indent=2))  # the per-turn detail goes to --json only
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
