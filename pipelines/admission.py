@@ -33,6 +33,10 @@ class CapacityConfig(Section):
     overload_queue: int = Field(
         8, ge=1, le=10000, description="engine jobs waiting for a worker thread above which new calls get 503")
     retry_after_s: int = Field(5, ge=1, le=3600, description="Retry-After sent with a refusal")
+    engine_pools: bool = Field(
+        True, description="each engine runs on its own bounded pool of worker threads; false: all share asyncio's "
+                          "default executor")
+    engine_threads: int = Field(0, ge=0, le=64, description="worker threads per engine pool; 0: one per core")
 
 
 class Seat:

@@ -22,6 +22,7 @@ from voice.asr import WhisperEngine
 from voice.smart_turn import SmartTurn
 from voice.transports.base import Refusal
 from voice.tts import PiperTTS
+from voice.workers import EngineWorkers, workers_of
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,20 @@ def load_engines(cfg: AgentConfig) -> Engines:
     if cfg.turn.smart_turn:
         turn_audio = SmartTurn(cfg.turn.smart_turn_model)
         turn_audio.predict(np.zeros(16000, np.float32))
+    if cfg.agent.engine_pools:
+        # a queue of Whisper passes from four calls must not hold back another call's first audio
+        threads = cfg.agent.engine_threads or os.cpu_count() or 1
+        for name, engine in (("asr", asr), ("llm", responder), ("tts", tts), ("smart_turn", turn_audio)):
+            if engine is not None:
+                engine.workers = EngineWorkers(name, threads)
     return Engines(asr=asr, responder=responder, tts=tts, turn_audio=turn_audio)
+
+
+def engine_queue_depth(engines: Engines) -> int:
+    """Model jobs handed to worker threads and not yet started, over every engine."""
+    pools = {id(w): w for w in (workers_of(e) for e in (engines.asr, engines.responder, engines.tts,
+                                                        engines.turn_audio) if e is not None)}
+    return sum(w.waiting for w in pools.values())
 
 
 class Agent:
@@ -62,7 +76,7 @@ class Agent:
         self.bus = EventBus()
         self.sessions: dict[str, CallSession] = {}
         # one capacity for every transport of this agent: SIP, WebRTC and replays count together
-        self.admission = Admission(cfg.agent)
+        self.admission = Admission(cfg.agent, queue_depth=lambda: engine_queue_depth(engines))
         # one reply cache for every call of this agent (and, with Redis, of every agent)
         self.reply_cache: ReplyCache | None = None
         if cfg.cache.enabled:
