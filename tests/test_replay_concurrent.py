@@ -13,7 +13,7 @@ import soundfile as sf
 from pipelines.replay_concurrent import load_inputs, replay_concurrent
 from tests import speech
 from tests.test_replay import RATE, build_call
-from voice.audio import AudioInputError, write_wav
+from voice.audio import AudioInputError, read_wav, write_wav
 
 
 @pytest.mark.slow
@@ -40,7 +40,7 @@ async def test_two_simultaneous_calls_both_get_replies_and_their_files(agent, tm
         report = json.loads((rep / f"{name}.json").read_text())
         assert report["call"]["concurrent_calls"] == 2 and report["call"]["input"] == str(path)
         data, rate = sf.read(out / f"{name}.out.wav", dtype="int16")
-        caller, _ = sf.read(path, dtype="int16")
+        caller, _ = read_wav(path)
         assert rate == RATE and data.shape[1] == 2
         assert np.array_equal(data[: len(caller), 0], caller)  # channel 0 is the caller, aligned
         turn = report["turns"][0]  # channel 1 holds the reply where the report puts it
