@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -79,6 +80,9 @@ def sentence_end_ids(lm: LoadedLM) -> set[int]:
 class Responder:
     warm_start = True  # `agenerate(prev=...)` re-denoises a previous block (masked LMs)
     streams = False  # a reply comes whole (see `llm.remote.RemoteResponder`)
+    # where generation runs off the event loop: an object with ``async run(fn, *args)`` (the
+    # agent gives each engine a bounded pool, `voice.workers`); None: asyncio's default executor
+    workers: Any = None
 
     def __init__(self, lm: LoadedLM, cfg: LlmConfig, probe_lm: LoadedLM | None = None) -> None:
         self.lm = lm
@@ -237,10 +241,11 @@ class Responder:
         denoising pass (torch cannot be interrupted mid-pass). ``ready`` is for streamed replies
         (`llm.remote`); a block comes whole, so it is not needed here."""
         cancel = threading.Event()
+        run = self.workers.run if self.workers is not None else asyncio.to_thread
         if prev is not None and self.blocks is None:
-            fut = asyncio.to_thread(self.redenoise, prev, user_text, history, deadline_s=deadline_s, cancel=cancel)
+            fut = run(self.redenoise, prev, user_text, history, deadline_s=deadline_s, cancel=cancel)
         else:
-            fut = asyncio.to_thread(self.generate, user_text, history, deadline_s, cancel)
+            fut = run(self.generate, user_text, history, deadline_s, cancel)
         try:
             return await fut
         finally:

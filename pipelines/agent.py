@@ -12,6 +12,7 @@ import numpy as np
 from llm.fingerprint import model_fingerprint
 from llm.remote import RemoteResponder
 from llm.responder import Responder
+from pipelines.admission import Admission, Seat
 from pipelines.config import AgentConfig
 from pipelines.events import EventBus
 from pipelines.reply_cache.cache import ReplyCache
@@ -19,7 +20,9 @@ from pipelines.session import CallSession, Engines
 from pipelines.transport import AudioOutput, Clock
 from voice.asr import WhisperEngine
 from voice.smart_turn import SmartTurn
+from voice.transports.base import Refusal
 from voice.tts import PiperTTS
+from voice.workers import EngineWorkers, workers_of
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +53,20 @@ def load_engines(cfg: AgentConfig) -> Engines:
     if cfg.turn.smart_turn:
         turn_audio = SmartTurn(cfg.turn.smart_turn_model)
         turn_audio.predict(np.zeros(16000, np.float32))
+    if cfg.agent.engine_pools:
+        # a queue of Whisper passes from four calls must not hold back another call's first audio
+        threads = cfg.agent.engine_threads or os.cpu_count() or 1
+        for name, engine in (("asr", asr), ("llm", responder), ("tts", tts), ("smart_turn", turn_audio)):
+            if engine is not None:
+                engine.workers = EngineWorkers(name, threads)
     return Engines(asr=asr, responder=responder, tts=tts, turn_audio=turn_audio)
+
+
+def engine_queue_depth(engines: Engines) -> int:
+    """Model jobs handed to worker threads and not yet started, over every engine."""
+    pools = {id(w): w for w in (workers_of(e) for e in (engines.asr, engines.responder, engines.tts,
+                                                        engines.turn_audio) if e is not None)}
+    return sum(w.waiting for w in pools.values())
 
 
 class Agent:
@@ -59,6 +75,8 @@ class Agent:
         self.engines = engines
         self.bus = EventBus()
         self.sessions: dict[str, CallSession] = {}
+        # one capacity for every transport of this agent: SIP, WebRTC and replays count together
+        self.admission = Admission(cfg.agent, queue_depth=lambda: engine_queue_depth(engines))
         # one reply cache for every call of this agent (and, with Redis, of every agent)
         self.reply_cache: ReplyCache | None = None
         if cfg.cache.enabled:
@@ -72,6 +90,7 @@ class Agent:
 
     async def aclose(self) -> None:
         """Release what the agent holds outside its sessions (the cache's Redis connection)."""
+        await self.admission.aclose()
         if self.reply_cache is not None:
             await self.reply_cache.aclose()
 
@@ -93,29 +112,39 @@ class Agent:
     def tts(self) -> PiperTTS:
         return self.engines.tts
 
+    def admit(self, transport: str) -> Seat | Refusal:
+        """A seat for one more call, or a refusal (busy or overloaded): ask before answering."""
+        return self.admission.admit(transport)
+
     def new_session(
-        self, output: AudioOutput, clock: Clock, transport: str, session_id: str | None = None
+        self, output: AudioOutput, clock: Clock, transport: str, session_id: str | None = None,
+        seat: Seat | None = None,
     ) -> CallSession:
-        session = _TrackedSession(self, output, clock, transport, session_id)
+        """A session holding `seat` (from `admit`), or a new counted one (replays: never refused)."""
+        seat = seat or self.admission.take(transport)
+        session = _TrackedSession(self, output, clock, transport, session_id, seat)
         self.sessions[session.session_id] = session
         return session
 
 
 class _TrackedSession(CallSession):
-    """A session that leaves the agent's registry when it closes."""
+    """A session that leaves the agent's registry, and gives back its seat, when it closes."""
 
     def __init__(
-        self, agent: Agent, output: AudioOutput, clock: Clock, transport: str, session_id: str | None
+        self, agent: Agent, output: AudioOutput, clock: Clock, transport: str, session_id: str | None,
+        seat: Seat,
     ) -> None:
         super().__init__(agent.engines, agent.cfg, output, clock, agent.bus, transport, session_id,
                          reply_cache=agent.reply_cache)
         self._agent = agent
+        self._seat = seat
 
     async def close(self, reason: str = "completed") -> dict:
         try:
             return await super().close(reason)
         finally:
             self._agent.sessions.pop(self.session_id, None)
+            self._seat.release()
 
 
 async def start_event_bridge(agent: Agent, cfg: AgentConfig) -> Any:

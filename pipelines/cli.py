@@ -39,11 +39,34 @@ def _inputs(paths: list[str]) -> list[Path]:
     return out
 
 
+async def _replay_concurrent(args: argparse.Namespace) -> int:
+    from pipelines.agent import Agent, start_event_bridge
+    from pipelines.replay_concurrent import load_inputs, replay_concurrent
+
+    cfg = load_config(args.config)
+    apply_mqtt_url(cfg, args.mqtt)
+    calls = load_inputs(_inputs(args.inputs))  # every input is read before any model loads
+    agent = await Agent.load(cfg)
+    bridge = await start_event_bridge(agent, cfg)
+    try:
+        summary = await replay_concurrent(agent, calls, Path(args.out), Path(args.report), fast=args.fast)
+    finally:
+        if bridge is not None:
+            await bridge.close()
+        await agent.aclose()
+    print(json.dumps(summary, indent=2))
+    for f in summary["failed"]:
+        print(f"voice-agent: error: call {f['call']} failed: {f['error']}", file=sys.stderr)
+    return 1 if summary["failed"] else 0
+
+
 async def _replay(args: argparse.Namespace) -> int:
     from pipelines.agent import Agent, start_event_bridge
     from pipelines.replay import replay_file
     from voice.audio import read_wav
 
+    if args.concurrent:
+        return await _replay_concurrent(args)
     cfg = load_config(args.config)
     apply_mqtt_url(cfg, args.mqtt)
     inputs = _inputs(args.inputs)
@@ -92,7 +115,12 @@ def _progress(enabled: bool) -> Any:
 
 
 def _run_replay(args: argparse.Namespace) -> int:
-    if len(_inputs(args.inputs)) > 1:
+    if args.concurrent:
+        for flag, value in (("--out", args.out), ("--report", args.report)):
+            if Path(value).exists() and not Path(value).is_dir():
+                raise ConfigError(f"with --concurrent, {flag} names a folder; {value} is a file")
+            Path(value).mkdir(parents=True, exist_ok=True)
+    elif len(_inputs(args.inputs)) > 1:
         Path(args.out).mkdir(parents=True, exist_ok=True)
     return asyncio.run(_replay(args))
 
@@ -121,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="feed frames as fast as the pipeline takes them (functional tests); default is real-time "
                     "pace, 20 ms frames on a real clock, so latencies are what a caller gets")
     rp.add_argument("--mqtt", metavar="mqtt://HOST:PORT", help="publish events to this MQTT broker")
+    rp.add_argument("--concurrent", action="store_true",
+                    help="replay all inputs at once, as simultaneous calls on one agent (engines shared, each call "
+                    "paced in real time): writes OUT/<stem>.out.wav, REPORT/<stem>.json and REPORT/summary.json "
+                    "(per call: turns, gap p50/p95, violations; overall; CPU and memory)")
     rp.set_defaults(func=_run_replay)
     for mod in PLUGIN_COMMANDS:
         try:

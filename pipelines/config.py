@@ -6,7 +6,8 @@ An unknown key or a bad value is rejected, and the error names the key path
 The engines' own sections live beside them and are composed here: ``asr`` is
 `voice.asr_config.AsrConfig`, ``tts`` `voice.tts_config.TtsConfig`, ``sip``
 `voice.transports.sip.config.SipConfig`, ``llm`` `llm.config.LlmConfig` and ``cache``
-`pipelines.reply_cache.config.CacheConfig`; their names stay importable from this module.
+`pipelines.reply_cache.config.CacheConfig`, ``agent`` (capacity and overload)
+`pipelines.admission.CapacityConfig`; their names stay importable from this module.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from llm.config import LlmConfig
+from pipelines.admission import CapacityConfig
 from pipelines.reply_cache.config import CacheConfig
 from voice.asr_config import AsrConfig
 from voice.settings import Section
@@ -114,7 +116,8 @@ class WebrtcConfig(Section):
     host: str = Field("127.0.0.1", description="bind address; a loopback address keeps media on loopback too")
     port: int = Field(8080, ge=1, le=65535)
     token: str | None = Field(None, description="signalling token; None: a random one, printed at start")
-    max_sessions: int = Field(4, ge=1, le=1000)
+    max_sessions: int | None = Field(
+        None, ge=1, le=1000, description="this endpoint's own cap below agent.max_calls; None: agent.max_calls only")
     idle_timeout_s: float = Field(5.0, ge=1.0, le=120.0, description="no caller audio this long: the peer is gone")
 
 
@@ -132,6 +135,7 @@ class MetricsConfig(Section):
 
 
 class AgentConfig(Section):
+    agent: CapacityConfig = Field(default_factory=CapacityConfig)
     audio: AudioConfig = Field(default_factory=AudioConfig)
     vad: VadConfig = Field(default_factory=VadConfig)
     asr: AsrConfig = Field(default_factory=AsrConfig)

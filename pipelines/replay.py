@@ -18,9 +18,12 @@ TAIL_S = 2.5  # silence fed after the file so the last turn can end and be answe
 
 
 async def replay_pcm(
-    agent: Any, pcm: np.ndarray, rate: int, fast: bool = False, frame_ms: int | None = None
+    agent: Any, pcm: np.ndarray, rate: int, fast: bool = False, frame_ms: int | None = None,
+    vanish_at_s: float | None = None,
 ) -> tuple[dict[str, Any], np.ndarray]:
-    """Feed ``pcm`` (int16 mono at ``rate``) to a new session. Returns (report, agent track)."""
+    """Feed ``pcm`` (int16 mono at ``rate``) to a new session. Returns (report, agent track).
+    With ``vanish_at_s`` the caller disappears then, mid-call: no more audio, and the session
+    is closed as a transport closes it when its peer is gone (reason ``peer_gone``)."""
     cfg = agent.cfg
     frame_ms = frame_ms or cfg.audio.frame_ms
     clock = AudioClock() if fast else RealtimeClock()
@@ -34,6 +37,8 @@ async def replay_pcm(
     t0 = time.monotonic()
     for k, i in enumerate(range(0, total - n + 1, n)):
         ts = i / rate
+        if vanish_at_s is not None and ts >= vanish_at_s:
+            break
         if not fast:
             delay = t0 + ts + n / rate - time.monotonic()  # a frame exists once it has been captured
             if delay > 0:
@@ -43,7 +48,7 @@ async def replay_pcm(
             await session.idle()
         elif k % 50 == 0:
             await asyncio.sleep(0)
-    report = await session.close()
+    report = await session.close("peer_gone" if vanish_at_s is not None and vanish_at_s < total / rate else "completed")
     if not fast:
         # let queued agent audio finish on the real clock before the track is cut
         await asyncio.sleep(max(0.0, output.busy_until() - clock.now()))

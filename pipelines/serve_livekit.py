@@ -3,10 +3,11 @@
 The worker registers with a LiveKit server; for each room it is dispatched to, a job joins
 the room and runs our pipeline for one caller at a time (`entrypoint` here; the room transport
 is voice/transports/livekit_room.py).
-``dev`` is development mode (colored debug logs, no load limit, no idle job processes kept
-warm); ``start`` is production mode. Connection settings: ``--url/--api-key/--api-secret``,
-else ``livekit.url/api_key/api_secret`` in the config, else ``LIVEKIT_URL``,
-``LIVEKIT_API_KEY``, ``LIVEKIT_API_SECRET``.
+``dev`` is development mode (colored debug logs, no idle job processes kept warm); ``start``
+is production mode. In both, the worker reports its load as running jobs (one caller each)
+over ``agent.max_calls`` and takes no more jobs at that capacity (`CallLoad`).
+Connection settings: ``--url/--api-key/--api-secret``, else ``livekit.url/api_key/api_secret``
+in the config, else ``LIVEKIT_URL``, ``LIVEKIT_API_KEY``, ``LIVEKIT_API_SECRET``.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     modes = p.add_subparsers(dest="mode", metavar="MODE", required=True)
     for mode, text in (
-        ("dev", "development mode: debug logs, no load limit, job processes started on demand"),
+        ("dev", "development mode: debug logs, job processes started on demand"),
         ("start", "production mode: info logs, load-based availability, a warm job process"),
     ):
         m = modes.add_parser(mode, help=text, description=f"Run the worker in {text}.")
@@ -135,6 +136,23 @@ async def entrypoint(ctx: Any) -> None:
     await room_agent.closed.wait()
 
 
+class CallLoad:
+    """livekit-agents ``load_fnc``: live calls over ``agent.max_calls``. Each job is one room
+    with one caller at a time, so the worker's running jobs are its live calls."""
+
+    def __init__(self, max_calls: int) -> None:
+        self.max_calls = max_calls
+
+    def __call__(self, server: Any) -> float:
+        return min(1.0, len(server.active_jobs) / self.max_calls)
+
+    @property
+    def threshold(self) -> float:
+        """Full once max_calls jobs run, available below: halfway between the last two steps
+        (and below 1, which production mode requires)."""
+        return (self.max_calls - 0.5) / self.max_calls
+
+
 def build_server(cfg: AgentConfig, agent_name: str = "", dev: bool = False) -> Any:
     """An ``AgentServer`` whose job processes load our engines once and run `entrypoint`."""
     from livekit.agents import AgentServer
@@ -150,6 +168,9 @@ def build_server(cfg: AgentConfig, agent_name: str = "", dev: bool = False) -> A
     }
     if not dev:
         kwargs["num_idle_processes"] = 1  # each process holds all three models
+    load = CallLoad(cfg.agent.max_calls)
+    kwargs["load_fnc"] = load  # the server stops offering this worker jobs at agent.max_calls
+    kwargs["load_threshold"] = load.threshold
     server = AgentServer(**kwargs)
     server.rtc_session(entrypoint, agent_name=agent_name)
     return server

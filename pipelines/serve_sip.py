@@ -23,7 +23,9 @@ Answer phone calls over SIP (RFC 3261, UDP) with G.711 audio (PCMU/PCMA, 8 kHz, 
 RFC 4733 / SIP INFO DTMF. Every call is its own session with the same turn-taking and
 budgets as `voice-agent replay`. Point a softphone or a SIP trunk at HOST:PORT, e.g.
 sip:agent@127.0.0.1:5070. By default only loopback sources may call (sip.allow in the
-config, or --allow); other sources get 403. Calls beyond --max-calls get 486 Busy Here.
+config, or --allow); other sources get 403. Calls beyond agent.max_calls (the agent's
+capacity, shared with its other transports) or --max-calls get 486 Busy Here; while the box
+is overloaded (agent.overload_*), new calls get 503 with Retry-After.
 Settings not on the command line come from the `sip:` section of --config.
 """
 
@@ -37,7 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--bind", metavar="HOST:PORT", help="UDP address for SIP (default: sip.bind, 127.0.0.1:5070)")
-    p.add_argument("--max-calls", type=int, metavar="N", help="concurrent calls before 486 Busy (default: 4)")
+    p.add_argument("--max-calls", type=int, metavar="N",
+                   help="this bridge's cap on concurrent calls before 486 Busy (default: agent.max_calls, 4)")
     p.add_argument("--allow", action="append", metavar="CIDR",
                    help="source network allowed to call; repeat for several (default: loopback only)")
     p.add_argument("--public-address", metavar="IP", help="address to advertise in SDP and Contact (NAT)")
@@ -103,8 +106,9 @@ async def serve(config: AgentConfig, reports: str | None = None) -> int:
         return 1
     bridge = await start_event_bridge(agent, config)
     auth = "digest auth on" if server.auth else "no auth"
+    cap = min(config.sip.max_calls or config.agent.max_calls, config.agent.max_calls)
     print(
-        f"SIP bridge listening on udp {host}:{port} (sip:agent@{host}:{port}; max {config.sip.max_calls} calls; "
+        f"SIP bridge listening on udp {host}:{port} (sip:agent@{host}:{port}; max {cap} calls; "
         f"allow {', '.join(config.sip.allow)}; {auth})",
         flush=True,
     )
@@ -119,5 +123,6 @@ async def serve(config: AgentConfig, reports: str | None = None) -> int:
         await server.close()
         if bridge is not None:
             await bridge.close()
+        await agent.aclose()
     return 0
 

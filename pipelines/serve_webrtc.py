@@ -5,6 +5,10 @@
     POST /calls/{id}/hangup    end a call (the page's unload beacon); token in the JSON body
     GET  /health               {"sessions": n, "max_sessions": m}
 
+Beyond the agent's capacity (``agent.max_calls``, shared with its other transports) or
+``webrtc.max_sessions``, or while the box is overloaded (``agent.overload_*``), an offer
+gets 503 with Retry-After and nothing is set up for it.
+
 The token comes from ``Authorization: Bearer <token>`` or a ``"token"`` field in the JSON
 body. Every bad request gets a 4xx with a one-line JSON ``{"error": ...}``; the server and
 the other calls go on.
@@ -29,6 +33,7 @@ from aiohttp import web
 
 from pipelines.cli_serve import get_serve_subparsers
 from pipelines.config import AgentConfig, ConfigError, load_config
+from voice.transports.base import Refusal
 from voice.transports.webrtc import (
     OfferError,
     WebrtcCall,
@@ -46,6 +51,11 @@ _STATIC = {"app.js": "application/javascript", "style.css": "text/css"}
 
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
+
+
+def _busy(message: str, retry_after_s: int) -> web.Response:
+    """503: no call is set up at all, so the caller may simply try again later."""
+    return web.json_response({"error": message}, status=503, headers={"Retry-After": str(retry_after_s)})
 
 
 class WebrtcServer:
@@ -104,7 +114,10 @@ class WebrtcServer:
         return web.FileResponse(WEB_DIR / name, headers={"Cache-Control": "no-cache", "Content-Type": _STATIC[name]})
 
     async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"sessions": len(self.calls), "max_sessions": self.config.webrtc.max_sessions})
+        cap = self.config.webrtc.max_sessions
+        agent_cap = getattr(getattr(self.config, "agent", None), "max_calls", None)
+        limit = min(c for c in (cap, agent_cap) if c is not None)
+        return web.json_response({"sessions": len(self.calls), "max_sessions": limit})
 
     def _authorized(self, request: web.Request, body: Any) -> web.Response | None:
         header = request.headers.get("Authorization", "")
@@ -139,28 +152,36 @@ class WebrtcServer:
             return _error(exc.status, str(exc))
         if self.loopback:
             sdp = keep_loopback_candidates(sdp)
-        if len(self.calls) >= self.config.webrtc.max_sessions:
-            return web.json_response(
-                {"error": f"server busy: {len(self.calls)} calls in progress (max {self.config.webrtc.max_sessions})"},
-                status=503,
-                headers={"Retry-After": "5"},
+        cap = self.config.webrtc.max_sessions
+        if cap is not None and len(self.calls) >= cap:
+            return _busy(f"server busy: {len(self.calls)} calls in progress (max {cap})", 5)
+        seat = None
+        admit = getattr(self.agent, "admit", None)  # the agent's capacity, shared with its other transports
+        if admit is not None:
+            decision = admit("webrtc")
+            if isinstance(decision, Refusal):
+                return _busy(f"server {decision.detail}", decision.retry_after_s)
+            seat = decision
+        try:
+            call = WebrtcCall(
+                self.agent,
+                asr_rate=self.config.audio.asr_rate,
+                buffer_s=self.config.output.buffer_ms / 1000,
+                idle_timeout_s=self.idle_timeout_s,
+                seat=seat,
             )
-        call = WebrtcCall(
-            self.agent,
-            asr_rate=self.config.audio.asr_rate,
-            buffer_s=self.config.output.buffer_ms / 1000,
-            idle_timeout_s=self.idle_timeout_s,
-        )
+        except BaseException:
+            if seat is not None:
+                seat.release()
+            raise
         self.calls[call.id] = call
         try:
             answer = await call.answer(sdp)
         except OfferError as exc:
-            await call.close("bad_offer")
-            self.calls.pop(call.id, None)
+            await self._drop(call, seat)
             return _error(exc.status, str(exc))
         except Exception as exc:  # aiortc rejects some SDP only when applying it
-            await call.close("bad_offer")
-            self.calls.pop(call.id, None)
+            await self._drop(call, seat)
             log.info("offer rejected: %r", exc)
             return _error(400, f"cannot answer this offer: {first_line(exc)}")
         watcher = asyncio.ensure_future(self._reap(call))
@@ -169,9 +190,17 @@ class WebrtcServer:
         log.info("call %s answered (%d live)", call.id, len(self.calls))
         return web.json_response({"sdp": answer, "type": "answer", "session_id": call.id})
 
+    async def _drop(self, call: WebrtcCall, seat: Any) -> None:
+        await call.close("bad_offer")
+        self.calls.pop(call.id, None)
+        if seat is not None:
+            seat.release()
+
     async def _reap(self, call: WebrtcCall) -> None:
         await call.closed.wait()
         self.calls.pop(call.id, None)
+        if call.seat is not None:
+            call.seat.release()
         if call.report is not None:
             self.reports.append(call.report)
             del self.reports[:-50]

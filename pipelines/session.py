@@ -61,6 +61,7 @@ from voice.level import LevelGate, LevelTrack, first_audible_offset
 from voice.smart_turn import SmartTurn
 from voice.tts import PiperTTS
 from voice.vad import VadSegmenter, WebRtcVad
+from voice.workers import workers_of
 
 log = logging.getLogger(__name__)
 ASR_RATE = 16000
@@ -108,7 +109,7 @@ class CallSession:
             vad = VadSegmenter(WebRtcVad(cfg.vad.aggressiveness, ASR_RATE, cfg.vad.frame_ms),
                                cfg.vad.start_ms, cfg.vad.stop_ms, gate)
         self.vad = vad
-        self.asr = StreamingASR(engines.asr.transcribe, drafts=engines.asr.drafts)
+        self.asr = StreamingASR(engines.asr.transcribe, drafts=engines.asr.drafts, workers=workers_of(engines.asr))
         self.endpointer = Endpointer(cfg.turn)
         self._resamplers: dict[int, StreamResampler] = {}
         self._levels = LevelTrack()  # recent caller levels: where the caller's speech truly ended
@@ -157,6 +158,10 @@ class CallSession:
 
     async def start(self) -> None:
         self.bus.emit(SessionStart(self.session_id, self.clock.now(), transport=self.transport))
+
+    async def _synth(self, text: str) -> np.ndarray:
+        """Piper, on its worker threads."""
+        return await workers_of(self.engines.tts).run(self.engines.tts.synth, text)
 
     async def close(self, reason: str = "completed") -> dict[str, Any]:
         if not self.closed:
@@ -221,7 +226,7 @@ class CallSession:
         self._begin_output(-1)
         start = None
         for part in self.engines.tts.split(text):
-            pcm = await asyncio.to_thread(self.engines.tts.synth, part)
+            pcm = await self._synth(part)
             s = self._play(pcm)
             start = s if start is None else start
         self.said.append({"t": round(t, 3), "text": text, "audio_start_s": None if start is None else round(start, 3)})
@@ -732,7 +737,7 @@ class CallSession:
         parts = self.engines.tts.split(reply_text)
         if not parts:
             return None
-        return parts[0], await asyncio.to_thread(self.engines.tts.synth, parts[0])
+        return parts[0], await self._synth(parts[0])
 
     def _matching_spec(self, n_samples: int, text: str | None) -> Speculation | None:
         for s in reversed(self._specs):
@@ -840,7 +845,7 @@ class CallSession:
         if hit and spec is not None and spec.first_audio is not None and spec.first_part == (parts[0] if parts else ""):
             first = await spec.first_audio
         if first is None and parts:
-            first = await asyncio.to_thread(self.engines.tts.synth, parts[0])
+            first = await self._synth(parts[0])
         clause_audio = [first] if first is not None else []  # the whole reply, for the cache
         t_tts = self.clock.now()
         if hit and spec is not None and spec.ready_t is not None:
@@ -890,7 +895,7 @@ class CallSession:
         self.history.append((utt.transcript, utt.response))
         # the rest of the reply, clause by clause; cancellation (barge-in) stops it here
         for i, part in enumerate(rest):
-            pcm = rest_audio[i] if rest_audio is not None else await asyncio.to_thread(self.engines.tts.synth, part)
+            pcm = rest_audio[i] if rest_audio is not None else await self._synth(part)
             if self._playing is not utt:
                 break
             self._play(pcm)
@@ -963,7 +968,7 @@ class CallSession:
         text = self.cfg.turn.fallback_text
         pcm = self._fallback_pcm.get(text)
         if pcm is None:
-            pcm = self._fallback_pcm[text] = await asyncio.to_thread(self.engines.tts.synth, text)
+            pcm = self._fallback_pcm[text] = await self._synth(text)
         self._playing = utt
         self._begin_output(utt.index)
         return self._play(pcm)

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from voice.workers import workers_of
+
 log = logging.getLogger(__name__)
 
 
@@ -45,7 +47,7 @@ class TurnAudioOpinions:
         async def compute() -> None:
             try:
                 x = pcm.astype(np.float32) / 32768.0
-                self._probs[pause_t] = await asyncio.to_thread(model.predict, x)
+                self._probs[pause_t] = await workers_of(model).run(model.predict, x)
             except Exception:
                 log.exception("Smart Turn failed; deciding on the words alone")
                 self._probs[pause_t] = float("nan")

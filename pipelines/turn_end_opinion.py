@@ -16,6 +16,7 @@ from typing import Any
 
 from pipelines.endpointing import lm_can_move
 from voice.asr import normalize_words
+from voice.workers import workers_of
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class TurnEndOpinions:
 
             async def compute() -> None:
                 try:
-                    self._probs[key] = await asyncio.to_thread(fn, text)
+                    self._probs[key] = await workers_of(responder).run(fn, text)
                 except Exception:
                     log.exception("turn-end probe failed; deciding without it")
                     self._probs[key] = None

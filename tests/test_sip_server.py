@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
+from pipelines.admission import Admission, CapacityConfig
 from pipelines.config import SipConfig
 from tests.sip_support import FakeAgent, Uac, sdp_port
 from tests.speech import hello_8k
@@ -244,6 +245,81 @@ async def test_over_the_call_limit_the_caller_gets_486():
             await establish(third)
             third.request("BYE")
             await third.response(200, "BYE")
+
+
+class AdmittingFakeAgent(FakeAgent):
+    """FakeAgent (recording sessions) with the real agent-level `Admission` in front."""
+
+    def __init__(self, **capacity) -> None:
+        super().__init__()
+        self.admission = Admission(CapacityConfig(**capacity))
+
+    def admit(self, transport: str):
+        return self.admission.admit(transport)
+
+    def new_session(self, output, clock, transport, session_id=None, seat=None):
+        assert seat is not None and seat.held, "the bridge answers only calls it was admitted for"
+        return super().new_session(output, clock, transport, session_id)
+
+
+async def test_beyond_the_agents_shared_capacity_the_caller_gets_486():
+    agent = AdmittingFakeAgent(max_calls=2)
+    other = agent.admission.take("webrtc")  # a call on another transport of the same agent
+    async with serving(agent) as server:  # sip.max_calls unset: the agent's capacity decides
+        async with Uac((server.host, server.port)) as first, Uac((server.host, server.port)) as second:
+            await establish(first)
+            assert agent.admission.live == 2
+            second.invite()
+            busy = await second.response()
+            assert busy.status == 486 and busy.get("Retry-After") == "5" and len(agent.sessions) == 1
+            second.ack(rejection=True)
+            first.request("BYE")
+            await first.response(200, "BYE")
+        await until(lambda: agent.admission.live == 1)  # the call's seat is given back
+        other.release()
+        async with Uac((server.host, server.port)) as a, Uac((server.host, server.port)) as b:
+            await establish(a)
+            await establish(b)  # both places free again
+            for uac in (a, b):
+                uac.request("BYE")
+                await uac.response(200, "BYE")
+        await until(lambda: agent.admission.live == 0)
+    await agent.admission.aclose()
+
+
+async def test_while_the_event_loop_lags_the_caller_gets_503_with_retry_after():
+    agent = AdmittingFakeAgent(overload_lag_ms=50, overload_window_s=0.5, retry_after_s=9)
+    async with serving(agent) as server:
+        agent.admission.lag.ensure_running()
+        await asyncio.sleep(0.2)
+        async with Uac((server.host, server.port)) as uac:
+            time.sleep(0.3)  # the loop is blocked, as by a model run on it
+            uac.invite()
+            refused = await uac.response()
+            assert (refused.status, refused.get("Retry-After")) == (503, "9")
+            assert not agent.sessions and agent.admission.live == 0
+            uac.ack(rejection=True)
+        await asyncio.sleep(0.8)  # the lag has left the window: calls are answered again
+        async with Uac((server.host, server.port)) as uac:
+            await establish(uac)
+            uac.request("BYE")
+            await uac.response(200, "BYE")
+    await agent.admission.aclose()
+
+
+async def test_a_cancelled_call_gives_its_seat_back():
+    agent = AdmittingFakeAgent(max_calls=1)
+    async with serving(agent, answer_delay_ms=2000) as server:
+        async with Uac((server.host, server.port)) as uac:
+            uac.invite()
+            await uac.response(180)
+            assert agent.admission.live == 1
+            uac.cancel()
+            await uac.response(200, "CANCEL")
+            await uac.response(487, "INVITE")
+            uac.ack(rejection=True)
+        await until(lambda: agent.admission.live == 0)
+    await agent.admission.aclose()
 
 
 async def test_a_source_outside_the_allowlist_gets_403_and_no_session():

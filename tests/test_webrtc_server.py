@@ -21,6 +21,7 @@ import pytest
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
+from pipelines.admission import Admission, CapacityConfig
 from pipelines.config import AgentConfig
 from pipelines.events import EventBus, Partial, SessionEnd, SessionStart
 from pipelines.serve_webrtc import WebrtcServer
@@ -299,3 +300,52 @@ async def test_full_server_says_busy(server: WebrtcServer) -> None:
         assert resp.status == 503 and "busy" in (await resp.json())["error"]
     await first.close()
     await second.close()
+
+
+class AdmittingFakeAgent(FakeAgent):
+    """FakeAgent (recording sessions) with the real agent-level `Admission` in front."""
+
+    def __init__(self, max_calls: int) -> None:
+        super().__init__()
+        self.admission = Admission(CapacityConfig(max_calls=max_calls, retry_after_s=3))
+
+    def admit(self, transport: str) -> Any:
+        return self.admission.admit(transport)
+
+    def new_session(self, output: Any, clock: Any, transport: str, session_id: str | None = None,
+                    seat: Any = None) -> FakeSession:
+        assert seat is not None and seat.held, "the endpoint sets up only calls it was admitted for"
+        return super().new_session(output, clock, transport, session_id)
+
+
+async def test_beyond_the_agents_shared_capacity_an_offer_gets_503_with_retry_after() -> None:
+    agent = AdmittingFakeAgent(max_calls=2)
+    srv = WebrtcServer(agent, AgentConfig(), TOKEN, idle_timeout_s=2.0)  # webrtc.max_sessions unset
+    await srv.start("127.0.0.1", 0)
+    other = agent.admission.take("sip")  # a phone call on the same agent
+    _, said48 = speech48(2)
+    first, second = Caller(said48), Caller(said48)
+    try:
+        await first.call(srv.url)
+        assert agent.admission.live == 2
+        await second.pc.setLocalDescription(await second.pc.createOffer())
+        async with aiohttp.ClientSession() as http:
+            resp = await http.post(
+                srv.url + "offer", json={"sdp": second.pc.localDescription.sdp, "type": "offer", "token": TOKEN}
+            )
+            assert resp.status == 503 and resp.headers["Retry-After"] == "3"
+            assert "busy: 2 calls in progress (max 2)" in (await resp.json())["error"]
+        assert len(agent.sessions) == 1 and len(srv.calls) == 1  # nothing was set up for it
+        await first.close()
+        for call in list(srv.calls.values()):  # the caller hung up: the server ends the call
+            await call.close("hangup")
+        for _ in range(100):
+            if agent.admission.live == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert agent.admission.live == 1  # the call's seat is back; the phone call still holds one
+        other.release()
+    finally:
+        await second.close()
+        await srv.stop()
+        await agent.admission.aclose()

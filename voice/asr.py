@@ -15,7 +15,6 @@ with scripted hypotheses.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import threading
 import time
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from voice.asr_config import AsrConfig
+from voice.workers import SHARED, EngineWorkers
 
 if TYPE_CHECKING:
     from voice.whisper_decoder import TorchWhisperDecoder
@@ -106,6 +106,8 @@ def deloop(text: str, min_period: int = 1) -> str | None:
 class WhisperEngine:
     """Thread-safe: up to ``asr.workers`` transcriptions run at once (CTranslate2 workers, one
     model replica each); more wait their turn."""
+
+    workers: EngineWorkers = SHARED  # where its calls run off the event loop (`voice.workers`)
 
     def __init__(self, cfg: AsrConfig | None = None) -> None:
         self.cfg = cfg or AsrConfig()
@@ -299,6 +301,7 @@ class StreamingASR:
     # the engine takes ``draft=`` (WhisperEngine.drafts): each hypothesis hands the newest
     # earlier one of the same stretch of audio to the decoder to check in one pass
     drafts: bool = False
+    workers: EngineWorkers = SHARED  # the engine's worker threads (`voice.workers`)
     pre_roll_s: float = 0.2
     max_utterance_s: float = 28.0
     _audio: list[np.ndarray] = field(default_factory=list)
@@ -391,9 +394,9 @@ class StreamingASR:
         audio = self._buffer()[fixed_n:n]
         if self.drafts:
             draft = self._draft[1] if self._draft is not None and self._draft[0] == fixed_n else None
-            res = await asyncio.to_thread(self.transcribe, audio, draft=draft)
+            res = await self.workers.run(self.transcribe, audio, draft=draft)
         else:
-            res = await asyncio.to_thread(self.transcribe, audio)
+            res = await self.workers.run(self.transcribe, audio)
         own = res.text
         if fixed_text:
             res = replace(res, text=f"{fixed_text} {res.text}".strip())

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from voice.workers import SHARED, EngineWorkers
+
 RATE = 16000
 WINDOW_S = 8.0
 MODELS = Path(os.environ.get("VOICE_AGENT_MODELS", Path.home() / ".cache" / "voice-agent" / "models"))
@@ -39,6 +41,8 @@ class SmartTurn:
     """``predict(audio)`` → the probability that the turn ends at the end of ``audio``
     (float32 in [-1, 1], 16 kHz, the turn so far including the silence after it). Thread-safe:
     one inference at a time per instance."""
+
+    workers: EngineWorkers = SHARED  # where its calls run off the event loop (`voice.workers`)
 
     def __init__(self, path: Path | str | None = None, threads: int = 1) -> None:
         import onnxruntime as ort

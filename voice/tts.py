@@ -7,7 +7,6 @@ kept short (``max_first_words``) so first audio arrives fast, the rest goes by s
 
 from __future__ import annotations
 
-import asyncio
 import re
 import threading
 from collections import OrderedDict
@@ -18,6 +17,7 @@ import numpy as np
 
 from voice.level import first_audible_offset
 from voice.tts_config import TtsConfig
+from voice.workers import SHARED, EngineWorkers
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _CLAUSE = re.compile(r"(?<=[,;:])\s+")
@@ -48,6 +48,8 @@ class TtsLoadError(RuntimeError):
 
 
 class PiperTTS:
+    workers: EngineWorkers = SHARED  # where its calls run off the event loop (`voice.workers`)
+
     def __init__(self, cfg: TtsConfig | None = None) -> None:
         self.cfg = cfg or TtsConfig()
         import onnxruntime
@@ -93,7 +95,7 @@ class PiperTTS:
         parts = split_for_speech(text, self.cfg.max_first_words, self.cfg.split_clauses)
         try:
             for part in parts:
-                pcm = await asyncio.to_thread(self._synth_one, part, cancel)
+                pcm = await self.workers.run(self._synth_one, part, cancel)
                 if pcm is None:
                     return
                 yield pcm

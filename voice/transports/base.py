@@ -12,6 +12,7 @@ the transport's `AudioOutput`, which paces it to the caller. Nothing else crosse
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -63,3 +64,13 @@ class AudioOutput(Protocol):
     def interrupt(self) -> float: ...
 
     def busy_until(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why the agent takes no more calls now (`pipelines.admission`): ``busy`` at capacity
+    (SIP 486), else overloaded (SIP/HTTP 503); either way retry after ``retry_after_s``."""
+
+    busy: bool
+    retry_after_s: int
+    detail: str

@@ -331,7 +331,8 @@ class WebrtcCall:
     """
 
     def __init__(
-        self, agent: Any, *, asr_rate: int = 16000, buffer_s: float = 0.02, idle_timeout_s: float = 5.0
+        self, agent: Any, *, asr_rate: int = 16000, buffer_s: float = 0.02, idle_timeout_s: float = 5.0,
+        seat: Any = None,
     ) -> None:
         self.id = uuid.uuid4().hex[:12]
         self.agent = agent
@@ -340,7 +341,9 @@ class WebrtcCall:
         self.converter = CallerAudioConverter(self.clock, asr_rate)
         self.idle_timeout_s = idle_timeout_s
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # loopback / LAN: no STUN lookups
-        self.session = agent.new_session(self.output, self.clock, transport="webrtc", session_id=self.id)
+        self.seat = seat  # the agent's admission of this call (has .release()); the server gives it back
+        admitted = {"seat": seat} if seat is not None else {}
+        self.session = agent.new_session(self.output, self.clock, transport="webrtc", session_id=self.id, **admitted)
         self.client_gaps_ms: list[float] = []
         self.report: dict[str, Any] | None = None
         self.end_reason: str | None = None

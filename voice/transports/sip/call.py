@@ -89,9 +89,11 @@ class CallHost(Protocol):
 
 class SipCall:
     def __init__(
-        self, server: CallHost, invite: SipMessage, addr: Addr, txn: ServerTransaction, offer: sdp.Session | None
+        self, server: CallHost, invite: SipMessage, addr: Addr, txn: ServerTransaction, offer: sdp.Session | None,
+        seat: Any = None,
     ) -> None:
         self.server = server
+        self.seat = seat  # the agent's admission of this call (has .release()); the server gives it back
         self.invite = invite
         self.addr = addr
         self.txn = txn
@@ -164,8 +166,9 @@ class SipCall:
         if self._cancelled.is_set():
             self.reason = "cancelled"
             return False
+        admitted = {"seat": self.seat} if self.seat is not None else {}
         self.session = self.server.agent.new_session(
-            output=self.media.output, clock=self.clock, transport="sip", session_id=self.session_id
+            output=self.media.output, clock=self.clock, transport="sip", session_id=self.session_id, **admitted
         )
         await self.session.start()
         if self._cancelled.is_set():

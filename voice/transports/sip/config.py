@@ -13,7 +13,9 @@ from voice.settings import Section
 class SipConfig(Section):
     bind: str = Field("127.0.0.1:5070", description="HOST:PORT for SIP over UDP ([::1]:5070 for IPv6)")
     rtp_ports: tuple[int, int] = (20000, 20999)
-    max_calls: int = Field(4, ge=1, le=1000)
+    max_calls: int | None = Field(
+        None, ge=1, le=1000,
+        description="this bridge's own cap on calls, below the agent's shared agent.max_calls; None: the agent's only")
     allow: list[str] = Field(default_factory=lambda: ["127.0.0.0/8", "::1/128"], description="source CIDRs")
     auth_user: str | None = None
     auth_password: str | None = None

@@ -18,7 +18,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from pathlib import Path
 
-from voice.transports.base import Clock
+from voice.transports.base import Clock, Refusal
 
 from . import sdp
 from .call import ALLOW, CallRecord, SessionFactory, SipCall
@@ -305,17 +305,40 @@ class SipServer(asyncio.DatagramProtocol):
         if (req.get("Call-ID") or "", from_tag) in self._by_invite:
             self._respond(txn, 482)  # a second INVITE for a dialog being set up (RFC 3261 8.2.2.2)
             return
-        if self.active_calls >= self.config.max_calls:
+        if self.config.max_calls is not None and self.active_calls >= self.config.max_calls:
             self.counters["busy"] += 1
             log.info("busy: %d calls in progress, rejecting a call from %s", self.active_calls, addr[0])
             self._respond(txn, 486)
             return
-        call = SipCall(self, req, addr, txn, offer)
+        seat = None
+        admit = getattr(self.agent, "admit", None)  # the agent's capacity, shared with its other transports
+        if admit is not None:
+            decision = admit("sip")
+            if isinstance(decision, Refusal):
+                self._refuse(txn, decision, addr)
+                return
+            seat = decision
+        call = SipCall(self, req, addr, txn, offer, seat)
         self.calls[call.key] = call
         self._by_invite[(call.call_id, call.remote_tag)] = call
         task = asyncio.get_running_loop().create_task(call.run(), name=f"sip-call-{call.session_id}")
         self._tasks[call] = task
-        task.add_done_callback(lambda _t, c=call: self._tasks.pop(c, None))
+        task.add_done_callback(lambda _t, c=call: self._call_done(c))
+
+    def _call_done(self, call: SipCall) -> None:
+        self._tasks.pop(call, None)
+        if call.seat is not None:
+            call.seat.release()  # also when the call ended before it had a session (CANCEL, failure)
+
+    def _refuse(self, txn: ServerTransaction, refusal: Refusal, addr: Addr) -> None:
+        retry = (("Retry-After", str(refusal.retry_after_s)),)
+        log.info("refusing a call from %s: %s", addr[0], refusal.detail)
+        if refusal.busy:
+            self.counters["busy"] += 1
+            self._respond(txn, 486, extra=retry)
+        else:
+            self.counters["overloaded"] += 1
+            self._respond(txn, 503, "Service Unavailable", extra=retry)
 
 
 def _validate(req: SipMessage) -> tuple[int, str] | None:

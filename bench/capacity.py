@@ -1,0 +1,136 @@
+"""Capacity: how many simultaneous calls one box holds before callers hear it.
+
+    python bench/capacity.py [--levels 1 2 3 4] [--calls-per-level 8] [--split test] [--json PATH]
+
+For each level N, rounds of N calls from the evaluation set (`bench/eval_calls.py`) are
+replayed at once through ``voice-agent replay --concurrent`` (`pipelines.replay_concurrent`,
+one agent, engines loaded once and shared, every call on its own real-time clock) until
+``--calls-per-level`` calls have been heard. Each call's agent channel (channel 1 of its
+OUT.wav) is judged against the call's ground truth exactly as bench/turn_gap.py does:
+
+- gap: from a turn's true end to the first audible agent onset after it;
+- cut-off: an agent onset inside a turn (mid-sentence pause or speech; joins are not counted);
+- missed: a turn with no agent onset before the next turn.
+
+Per level: p50/p95 gap, cut-offs, missed, CPU (process time over wall time: the cores in use
+on average) and resident memory at the end of the level's rounds. The capacity is the largest
+N whose p95 gap is at most ``--p95-ms`` (350) with no cut-offs, every smaller level holding too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import soundfile as sf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from eval_calls import load_calls  # noqa: E402
+from turn_gap import judge, summary  # noqa: E402
+
+from tests.ground_truth import audible_onsets  # noqa: E402
+
+
+def rounds_for(calls: list[dict[str, Any]], n: int, per_level: int, offset: int = 0) -> list[list[dict[str, Any]]]:
+    """Rounds of `n` distinct calls, cycling through the set, until `per_level` calls are covered."""
+    rounds, k = [], offset
+    while sum(len(r) for r in rounds) < per_level:
+        rounds.append([calls[(k + i) % len(calls)] for i in range(n)])
+        k += n
+    return rounds
+
+
+def judge_round(calls: list[dict[str, Any]], out_dir: Path) -> list[dict[str, Any]]:
+    judged = []
+    for call in calls:
+        data, rate = sf.read(out_dir / f"{call['id']}.out.wav", dtype="int16")
+        judged += judge(audible_onsets(data[:, 1], rate), call["truth"]["turns"])
+    return judged
+
+
+def largest_holding(curve: list[dict[str, Any]], p95_ms: float) -> int:
+    """The largest N that holds, with every smaller level tried holding too (a noisy pass above a
+    failing level is not capacity)."""
+    best = 0
+    for row in sorted(curve, key=lambda r: r["calls"]):
+        if row["p95_ms"] is None or row["p95_ms"] > p95_ms or row["cutoffs"] > 0:
+            break
+        best = row["calls"]
+    return best
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    from pipelines.agent import Agent
+    from pipelines.config import AgentConfig, load_config
+    from pipelines.replay_concurrent import CallInput, current_rss_mb, replay_concurrent
+    from voice.audio import read_wav
+
+    cfg = load_config(args.config) if args.config else AgentConfig()
+    cfg.cache.enabled = False  # the set's clips recur across calls: measure fresh replies
+    cfg.agent.max_calls = max(cfg.agent.max_calls, *args.levels)
+    calls = load_calls(args.split)
+    t_load = time.monotonic()
+    agent = await Agent.load(cfg)
+    print(f"engines loaded in {time.monotonic() - t_load:.1f} s; {len(calls)} calls in {args.split}", flush=True)
+    curve = []
+    try:
+        for n in args.levels:
+            judged: list[dict[str, Any]] = []
+            cpu_s = wall_s = 0.0
+            violations = 0
+            for i, rnd in enumerate(rounds_for(calls, n, args.calls_per_level, offset=n)):
+                inputs = []
+                for c in rnd:
+                    pcm, rate = read_wav(c["wav"])
+                    inputs.append(CallInput(c["id"], Path(c["wav"]), pcm, rate))
+                with tempfile.TemporaryDirectory() as tmp:
+                    out = Path(tmp)
+                    cpu0, t0 = time.process_time(), time.monotonic()
+                    s = await replay_concurrent(agent, inputs, out, out)
+                    cpu_s += time.process_time() - cpu0
+                    wall_s += time.monotonic() - t0
+                    violations += s["overall"]["violations"]
+                    judged += judge_round(rnd, out)
+                print(f"N={n} round {i + 1}: {[c['id'] for c in rnd]} session p95 {s['overall']['gap_p95_ms']} ms",
+                      flush=True)
+            j = summary(judged)
+            row = {"calls": n, "p50_ms": j["p50_ms"], "p95_ms": j["p95_ms"], "cutoffs": j["cutoffs"],
+                   "missed": j["missed"], "turns": len(judged), "joins_talked_over": j["joins_talked_over"],
+                   "violations": violations, "cpu": round(cpu_s / wall_s, 3), "rss_mb": round(current_rss_mb(), 1)}
+            curve.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        await agent.aclose()
+    return {"split": args.split, "calls_per_level": args.calls_per_level, "p95_bound_ms": args.p95_ms,
+            "cores": os.cpu_count(), "curve": curve, "capacity": largest_holding(curve, args.p95_ms)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3, 4], help="simultaneous calls to try")
+    ap.add_argument("--calls-per-level", type=int, default=8, help="calls heard at each level (rounds of N)")
+    ap.add_argument("--split", default="test", choices=("dev", "test"))
+    ap.add_argument("--p95-ms", type=float, default=350.0, help="the p95 gap a level must hold")
+    ap.add_argument("--config")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    out = asyncio.run(run(args))
+    print(json.dumps(out, indent=2))
+    print(f"capacity: {out['capacity']} simultaneous calls hold p95 <= {args.p95_ms:.0f} ms with no cut-offs")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
