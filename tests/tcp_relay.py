@@ -53,7 +53,15 @@ class TcpRelay:
             return
 
         async def up() -> None:
-            while data := await c_reader.read(65536):
+            while True:
+                try:
+                    data = await c_reader.read(65536)
+                except ConnectionResetError:
+                    # a client closing its socket with the server's data still unread in its
+                    # buffer resets the connection instead of a clean FIN: it hung up all the same
+                    break
+                if not data:
+                    break
                 conn.to_server += len(data)
                 s_writer.write(data)
                 await s_writer.drain()
