@@ -127,7 +127,7 @@ def summary(judged: list[dict[str, Any]]) -> dict[str, Any]:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from pipelines.agent import Agent
     from pipelines.config import AgentConfig, load_config
-    from pipelines.livekit_plugins.session_replay import gaps, voiced_frame_ends
+    from pipelines.peer_replay import gaps, voiced_frame_ends
     from pipelines.replay import replay_pcm
 
     cfg = load_config(args.config) if args.config else AgentConfig()

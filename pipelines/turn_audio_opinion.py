@@ -32,10 +32,6 @@ class TurnAudioOpinions:
         self._on_ready = on_ready
         self._probs: dict[float, float | None] = {}
 
-    @property
-    def enabled(self) -> bool:
-        return self._model() is not None
-
     def ask(self, pause_t: float, audio: Callable[[], np.ndarray]) -> None:
         """Start the opinion of the pause that began at ``pause_t`` (call time), once."""
         model = self._model()
@@ -64,6 +60,3 @@ class TurnAudioOpinions:
         if p is None:
             return False, None
         return True, None if p != p else p  # NaN: the model failed
-
-    def reset(self) -> None:
-        self._probs.clear()

@@ -18,7 +18,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from llm.ar import AR_WEIGHTS
 
@@ -97,3 +100,13 @@ class TransformersServer:
             return self.log_path.read_text(errors="replace")[-n:]
         except OSError:
             return ""
+
+
+@pytest.fixture(scope="module", name="server")
+def transformers_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TransformersServer]:
+    """`transformers serve` on the repo's AR baseline, one per test module."""
+    d = tmp_path_factory.mktemp("served")
+    srv = TransformersServer(served_copy(d / "ar"), d / "serve.log")
+    srv.start()
+    yield srv
+    srv.stop()

@@ -14,7 +14,7 @@ from llm.ar import ArLM
 from llm.config import LlmConfig
 from llm.remote import RemoteResponder
 from llm.remote_errors import RemoteLmError
-from tests.openai_server import TransformersServer, served_copy
+from tests.openai_server import TransformersServer, served_copy, transformers_server  # noqa: F401 (fixture "server")
 from tests.tcp_relay import TcpRelay
 from voice.tts import split_for_speech
 
@@ -26,14 +26,6 @@ LONG = {"generation_config": json.dumps({"min_new_tokens": 100})}
 def first_clause_ready(text: str) -> bool:
     return len(split_for_speech(text, 4)) >= 2
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    d = tmp_path_factory.mktemp("served")
-    srv = TransformersServer(served_copy(d / "ar"), d / "serve.log")
-    srv.start()
-    yield srv
-    srv.stop()
 
 
 def responder(base_url: str, model: str, **openai: object) -> RemoteResponder:

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 import soundfile as sf
 import yaml
 
@@ -20,20 +19,12 @@ from pipelines.events import LlmError, Violation
 from pipelines.replay import replay_pcm
 from pipelines.session import Engines
 from tests import speech
-from tests.openai_server import TransformersServer, served_copy
+from tests.openai_server import transformers_server  # noqa: F401 (fixture "server")
 from tests.tcp_relay import TcpRelay
 from voice.audio import read_wav, write_wav
 
 RATE = 16000
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    d = tmp_path_factory.mktemp("served")
-    srv = TransformersServer(served_copy(d / "ar"), d / "serve.log")
-    srv.start()
-    yield srv
-    srv.stop()
 
 
 def remote_config(base_url: str, model: str, **llm_openai: object) -> dict:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,8 +66,6 @@ class SmartTurn:
         return self.verdict(audio).prob
 
     def verdict(self, audio: np.ndarray) -> TurnAudioVerdict:
-        import time
-
         if audio.ndim != 1:
             raise ValueError(f"expected mono audio, got shape {audio.shape}")
         n = int(WINDOW_S * RATE)

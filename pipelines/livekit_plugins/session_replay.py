@@ -35,8 +35,8 @@ from pipelines.config import AgentConfig
 from pipelines.livekit_plugins.llm_diffusion import DiffusionLLM
 from pipelines.livekit_plugins.stt_whisper import WhisperSTT, rtc_frame_to_mono
 from pipelines.livekit_plugins.tts_piper import PiperStreamingTTS
+from pipelines.peer_replay import gaps, played_track, voiced_frame_ends
 from voice.audio import resample
-from voice.vad import WebRtcVad
 
 log = logging.getLogger(__name__)
 RATE = 16000
@@ -156,14 +156,7 @@ class PacedAudioOutput(io.AudioOutput):
 
     def audio(self, t0: float, duration_s: float) -> np.ndarray:
         """What the speaker played, as 16 kHz PCM on the input's timeline (0 = ``t0``)."""
-        out = np.zeros(int(duration_s * RATE), np.int16)
-        for at, pcm in self.chunks:
-            i = int(round((at - t0) * RATE))
-            if i >= len(out) or i + len(pcm) <= 0:
-                continue
-            seg = pcm[max(0, -i) : len(out) - i]
-            out[max(0, i) : max(0, i) + len(seg)] = seg
-        return out
+        return played_track(self.chunks, t0, duration_s)
 
 
 @dataclass
@@ -186,28 +179,6 @@ class _Transcript:
     user: list[tuple[float, str]] = field(default_factory=list)  # (monotonic, final transcript)
     agent: list[tuple[float, str]] = field(default_factory=list)
     commits: list[float] = field(default_factory=list)  # (monotonic) a user turn entered the chat
-
-
-def voiced_frame_ends(pcm16k: np.ndarray, aggressiveness: int = 2) -> np.ndarray:
-    """End time (s) of every 20 ms frame webrtcvad calls speech."""
-    vad = WebRtcVad(aggressiveness, RATE, 20)
-    n = len(pcm16k) // FRAME
-    voiced = [vad.is_speech(pcm16k[i * FRAME : (i + 1) * FRAME]) for i in range(n)]
-    return np.array([(i + 1) * FRAME / RATE for i, v in enumerate(voiced) if v])
-
-
-def gaps(onsets_s: list[float], voiced_ends: np.ndarray) -> list[tuple[float, float]]:
-    """(user speech end, agent start) per reply. A reply counts only when the caller spoke
-    since the previous one (a reply split in two segments is one reply)."""
-    out: list[tuple[float, float]] = []
-    prev_end = -1.0
-    for onset in onsets_s:
-        before = voiced_ends[voiced_ends <= onset]
-        if len(before) == 0 or before[-1] <= prev_end:
-            continue
-        out.append((float(before[-1]), onset))
-        prev_end = float(before[-1])
-    return out
 
 
 def livekit_plugins_for(

@@ -52,11 +52,11 @@ from pipecat.processors.aggregators.llm_response_universal import (
 from pipecat.workers.runner import WorkerRunner
 
 from pipelines.config import AgentConfig
+from pipelines.peer_replay import gaps, voiced_frame_ends
 from pipelines.pipecat_peer.llm_diffusion import DiffusionLLMService
 from pipelines.pipecat_peer.stt_whisper import WhisperSegmentedSTT
-from pipelines.pipecat_peer.transports import FRAME, RATE, PacedOutputTransport, ReplayInputTransport
+from pipelines.pipecat_peer.transports import RATE, PacedOutputTransport, ReplayInputTransport
 from pipelines.pipecat_peer.tts_piper import PiperTTSService
-from voice.vad import WebRtcVad
 
 
 @dataclass
@@ -77,27 +77,6 @@ class _Said:
     user: list[tuple[float, str]] = field(default_factory=list)  # (monotonic, the turn's text) at its end
     # (the reply's text as played, interrupted): the assistant aggregator's turns
     heard: list[tuple[str, bool]] = field(default_factory=list)
-
-
-def voiced_frame_ends(pcm16k: np.ndarray, aggressiveness: int = 2) -> np.ndarray:
-    """End time (s) of every 20 ms frame webrtcvad calls speech."""
-    vad = WebRtcVad(aggressiveness, RATE, 20)
-    n = len(pcm16k) // FRAME
-    return np.array([(i + 1) * FRAME / RATE for i in range(n) if vad.is_speech(pcm16k[i * FRAME : (i + 1) * FRAME])])
-
-
-def gaps(onsets_s: list[float], voiced_ends: np.ndarray) -> list[tuple[float, float]]:
-    """(user speech end, agent start) per reply; a reply counts only when the caller spoke
-    since the previous one (a reply in several stretches is one reply)."""
-    out: list[tuple[float, float]] = []
-    prev_end = -1.0
-    for onset in onsets_s:
-        before = voiced_ends[voiced_ends <= onset]
-        if len(before) == 0 or before[-1] <= prev_end:
-            continue
-        out.append((float(before[-1]), onset))
-        prev_end = float(before[-1])
-    return out
 
 
 def build_pipeline(

@@ -26,6 +26,7 @@ from pipecat.transports.base_input import BaseInputTransport
 from pipecat.transports.base_output import BaseOutputTransport
 from pipecat.transports.base_transport import TransportParams
 
+from pipelines.peer_replay import played_track
 from voice.audio import resample
 
 RATE = 16000
@@ -122,11 +123,4 @@ class PacedOutputTransport(BaseOutputTransport):
 
     def audio(self, t0: float, duration_s: float) -> np.ndarray:
         """What the speaker played, as 16 kHz PCM on the input's timeline (0 = ``t0``)."""
-        out = np.zeros(int(duration_s * RATE), np.int16)
-        for at, pcm in self.chunks:
-            i = int(round((at - t0) * RATE))
-            if i >= len(out) or i + len(pcm) <= 0:
-                continue
-            seg = pcm[max(0, -i) : len(out) - i]
-            out[max(0, i) : max(0, i) + len(seg)] = seg
-        return out
+        return played_track(self.chunks, t0, duration_s)
