@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -25,6 +24,8 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
+from tests.server_process import ServerProcess
+
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 
 
@@ -34,7 +35,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Mosquitto:
+class Mosquitto(ServerProcess):
     def __init__(self, port: int | None = None, tls: bool = False, nodelay: bool = True) -> None:
         if not os.path.exists(MOSQUITTO):
             pytest.skip("mosquitto is not installed (scripts/apt-packages.txt)")
@@ -133,21 +134,6 @@ class Mosquitto:
                 raise AssertionError("mosquitto did not save the durable subscriber's session")
             await asyncio.sleep(0.01)
 
-    def kill(self) -> None:
-        """SIGKILL: the broker dies as if the machine lost power, no goodbyes sent."""
-        if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(5)
-            self.proc = None
-
-    def restart(self) -> None:
-        self.kill()
-        self.start()
-
-    def close(self) -> None:
-        self.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @contextlib.contextmanager

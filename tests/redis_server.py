@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -20,11 +19,12 @@ from pathlib import Path
 import pytest
 
 from tests.mosquitto import free_port
+from tests.server_process import ServerProcess
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
-class RedisServer:
+class RedisServer(ServerProcess):
     def __init__(self, port: int | None = None, maxmemory: str = "64mb") -> None:
         if not os.path.exists(REDIS_SERVER):
             pytest.skip("redis-server is not installed (scripts/apt-packages.txt)")
@@ -58,21 +58,6 @@ class RedisServer:
         self.kill()
         raise RuntimeError(f"redis-server did not answer on {self.port}: {self.log.read_text()[-2000:]}")
 
-    def kill(self) -> None:
-        """SIGKILL: the server dies with its memory, no goodbyes sent."""
-        if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(5)
-            self.proc = None
-
-    def restart(self) -> None:
-        self.kill()
-        self.start()
-
-    def close(self) -> None:
-        self.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @contextlib.contextmanager
