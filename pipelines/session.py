@@ -127,6 +127,7 @@ class CallSession:
         self.said: list[dict[str, Any]] = []
         self.utt: TurnRecord | None = None  # the caller turn being spoken or answered
         self._in_pause = False
+        self._pause_voiced_t: float | None = None  # the last voiced frame inside the current pause
         self._committed = False
         self._speech_run_start: float | None = None
         self._started_over_agent = False
@@ -315,7 +316,9 @@ class CallSession:
             self._in_pause = False
             return
         if self.utt is not None and not self._committed:
-            return  # VAD hysteresis restarted inside the same turn
+            if self._in_pause:
+                self._caller_resumed(t)
+            return  # the same turn goes on
         self._started_over_agent = self._agent_audible()
         self.utt = TurnRecord(index=len(self.turns), user_speech_start_s=t)
         self._committed = False
@@ -369,19 +372,29 @@ class CallSession:
         if self.utt is None:
             return
         if self._in_pause and not self._committed:
-            text = self._pause_text()
-            lm_prob = self.turn_end.peek(text)
-            near = self.asr.near_next(text) if text is not None else None
-            self.endpointer.caller_resumed_after(
-                (t - 0.02 - self.utt.user_speech_end_s) * 1000, text, lm_prob, near
-            )
-            self._in_pause = False
-        if not self._committed:
+            # The caller's last syllable, a click on the line, or the start of more speech: the
+            # VAD's speech start says which (`_caller_resumed`). Until then the pause holds, and
+            # its silence counts from this frame. Ending the pause here, a lone voiced frame
+            # left the turn with no pause to end it until the caller spoke again.
+            self._pause_voiced_t = t
+        elif not self._committed:
             self.utt.user_speech_end_s = t
         run = t - (self._speech_run_start if self._speech_run_start is not None else t)
         if self.cfg.turn.barge_in and self._agent_audible() and self._playing is not self.utt:
             if run * 1000 >= self.cfg.turn.barge_in_min_ms:
                 self._barge_in(t)
+
+    def _caller_resumed(self, t: float) -> None:
+        """The VAD heard speech start at ``t`` inside a pause of the uncommitted turn: the
+        caller went on, and the pause is over."""
+        assert self.utt is not None
+        text = self._pause_text()
+        lm_prob = self.turn_end.peek(text)
+        near = self.asr.near_next(text) if text is not None else None
+        self.endpointer.caller_resumed_after((t - self.utt.user_speech_end_s) * 1000, text, lm_prob, near)
+        self._in_pause = False
+        self._pause_voiced_t = None
+        self.utt.user_speech_end_s = t
 
     def _on_pause(self, t: float) -> None:
         self._speech_run_start = None
@@ -390,6 +403,7 @@ class CallSession:
         self.bus.emit(SpeechEnd(self.session_id, t))
         self.utt.user_speech_end_s = t
         self._in_pause = True
+        self._pause_voiced_t = None
         # the pause's sound so far: the turn's audio and the silence since its last word
         self.turn_audio.ask(t, lambda: np.concatenate([self.asr.recent(8.0), *self._pause_buf]))
         if self._started_over_agent and (t - self.utt.user_speech_start_s) * 1000 < self.cfg.turn.barge_in_min_ms:
@@ -632,7 +646,7 @@ class CallSession:
     def _maybe_endpoint(self) -> None:
         if self.utt is None or self._committed or not self._in_pause:
             return
-        silence_ms = (self._audio_t - self.utt.user_speech_end_s) * 1000
+        silence_ms = (self._audio_t - max(self.utt.user_speech_end_s, self._pause_voiced_t or 0.0)) * 1000
         heard, audio_prob = self.turn_audio.get(self.utt.user_speech_end_s)
         if not heard and silence_ms < self.cfg.turn.max_silence_ms:
             return  # Smart Turn's opinion of this pause is a few ms away

@@ -299,6 +299,19 @@ async def test_no_cutoff_when_caller_pauses_after_a_function_word() -> None:
     assert [t["transcript"] for t in report["turns"]] == ["I want to go to the store."]
 
 
+async def test_a_lone_voiced_frame_in_a_pause_does_not_leave_the_turn_unanswered() -> None:
+    # a click 500 ms into the pause after "the": one voiced frame, not a VAD speech start
+    segs = [Seg(0.5, 1.5, "I want to go to the"), Seg(2.0, 2.02, "")]
+    session, out, *_ = make_session(segs)
+    await play_script(session, segs, 5.0)
+    report = await session.close()
+    assert [t["transcript"] for t in report["turns"]] == ["I want to go to the"]
+    turn = report["turns"][0]
+    # the pause's silence counts from the click: the function word's wait runs after it
+    wait = Endpointer(AgentConfig().turn).required_silence_ms("I want to go to the") / 1000
+    assert turn["endpoint"]["t"] >= 2.02 + wait - 0.02 and turn["agent_audio_start_s"] < 2.02 + wait + 0.2
+
+
 async def test_cutoff_taken_back_when_caller_goes_on_before_reply_is_heard() -> None:
     # "Hello." looks complete and commits; the caller goes on 150 ms later, before any audio
     segs = [Seg(0.5, 1.2, "Hello."), Seg(1.55, 2.4, "is this the help desk?")]
