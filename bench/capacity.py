@@ -1,6 +1,7 @@
 """Capacity: how many simultaneous calls one box holds before callers hear it.
 
     python bench/capacity.py [--levels 1 2 3 4] [--calls-per-level 8] [--split test] [--json PATH]
+                             [--plot PATH.svg]
 
 For each level N, rounds of N calls from the evaluation set (`bench/eval_calls.py`) are
 replayed at once through ``voice-agent replay --concurrent`` (`pipelines.replay_concurrent`,
@@ -115,6 +116,34 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "cores": os.cpu_count(), "curve": curve, "capacity": largest_holding(curve, args.p95_ms)}
 
 
+def plot(out: dict[str, Any], path: Path, p95_bound_ms: float) -> None:
+    """The curve: p50 and p95 gap against simultaneous calls, the p95 bound, and the cut-offs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curve = out["curve"]
+    n = [c["calls"] for c in curve]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.plot(n, [c["p50_ms"] for c in curve], "o-", label="p50 gap")
+    ax.plot(n, [c["p95_ms"] for c in curve], "s-", label="p95 gap")
+    ax.axhline(p95_bound_ms, color="grey", linestyle="--", linewidth=1, label=f"p95 bound {p95_bound_ms:.0f} ms")
+    for c in curve:
+        ax.annotate(f"{c['cutoffs']} cut", (c["calls"], c["p95_ms"]), textcoords="offset points", xytext=(0, 6),
+                    ha="center", fontsize=8)
+    ax.set_xticks(n)
+    ax.set_xlabel("simultaneous calls")
+    ax.set_ylabel("gap from the true end (ms)")
+    ax.set_ylim(0, max(p95_bound_ms, *(c["p95_ms"] for c in curve)) * 1.15)
+    ax.set_title(f"capacity {out['capacity']} ({out['cores']} cores, {out['split']} split)", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3, 4], help="simultaneous calls to try")
@@ -123,8 +152,11 @@ def main() -> None:
     ap.add_argument("--p95-ms", type=float, default=350.0, help="the p95 gap a level must hold")
     ap.add_argument("--config")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--plot", type=Path, help="draw the curve to this file (SVG or PNG)")
     args = ap.parse_args()
     out = asyncio.run(run(args))
+    if args.plot:
+        plot(out, args.plot, args.p95_ms)
     print(json.dumps(out, indent=2))
     print(f"capacity: {out['capacity']} simultaneous calls hold p95 <= {args.p95_ms:.0f} ms with no cut-offs")
     if args.json:
