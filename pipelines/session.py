@@ -255,6 +255,8 @@ class CallSession(ReplyPath):
         for ev in self.vad.process(f16):
             if ev.kind == "unvoiced":
                 self._unvoiced_ms += self.cfg.vad.frame_ms
+                if self._pause_voiced_t is not None and self._in_pause and not self._committed:
+                    self._voiced_run_ended_in_pause(self._pause_voiced_t)
             elif ev.kind == "voiced":
                 self._unvoiced_ms = 0.0
             if ev.kind == "start":
@@ -390,11 +392,25 @@ class CallSession(ReplyPath):
         self._pause_voiced_t = None
         self.utt.user_speech_end_s = t
 
+    def _voiced_run_ended_in_pause(self, t: float) -> None:
+        """Voiced frames inside a pause, ending at ``t``, that never became speech (the turn's
+        last syllable after a dip, a click): their audio is the turn's, so it goes to the ASR, and
+        the pause starts again after them, with a hypothesis and a Smart Turn opinion that hear
+        them. The pause's silence was already counted from ``t``."""
+        for p in self._pause_buf:
+            self.asr.insert_audio(p)
+        self._pause_buf.clear()
+        self._pause_at(t)
+
     def _on_pause(self, t: float) -> None:
         self._speech_run_start = None
         if self.utt is None or self._committed:
             return
         self.bus.emit(SpeechEnd(self.session_id, t))
+        self._pause_at(t)
+
+    def _pause_at(self, t: float) -> None:
+        assert self.utt is not None
         self.utt.user_speech_end_s = t
         self._in_pause = True
         self._pause_voiced_t = None

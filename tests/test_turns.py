@@ -301,11 +301,14 @@ async def test_no_cutoff_when_caller_pauses_after_a_function_word() -> None:
 
 async def test_a_lone_voiced_frame_in_a_pause_does_not_leave_the_turn_unanswered() -> None:
     # a click 500 ms into the pause after "the": one voiced frame, not a VAD speech start
-    segs = [Seg(0.5, 1.5, "I want to go to the"), Seg(2.0, 2.02, "")]
-    session, out, *_ = make_session(segs)
+    segs = [Seg(0.5, 1.5, "I want to go to the"), Seg(2.0, 2.02, "uh")]
+    asr = FakeAsr(segs)
+    session, out, *_ = make_session(segs, asr=asr)
     await play_script(session, segs, 5.0)
     report = await session.close()
-    assert [t["transcript"] for t in report["turns"]] == ["I want to go to the"]
+    # the click's audio is the turn's: the final transcript hears it
+    assert [t["transcript"] for t in report["turns"]] == ["I want to go to the uh"]
+    assert asr.heard[-1] == {1, 2}
     turn = report["turns"][0]
     # the pause's silence counts from the click: the function word's wait runs after it
     wait = Endpointer(AgentConfig().turn).required_silence_ms("I want to go to the") / 1000
