@@ -7,15 +7,17 @@ import contextlib
 import shutil
 import signal
 import subprocess
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 
-class ServerProcess:
+class ServerProcess(ABC):
     proc: subprocess.Popen[bytes] | None
     dir: Path
 
+    @abstractmethod
     def start(self) -> None:
-        raise NotImplementedError
+        """Start the server and wait until it accepts connections."""
 
     def kill(self) -> None:
         """SIGKILL: the server dies as if the machine lost power, no goodbyes sent."""
