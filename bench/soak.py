@@ -59,7 +59,8 @@ async def soak(agent: Any, calls: list[tuple[str, Any, int]], duration_s: float,
                 vanish = len(pcm) / rate / 2
             try:
                 report, _ = await replay_pcm(agent, pcm, rate, vanish_at_s=vanish)
-                state["reports"] += int(bool(report.get("turns") is not None and report.get("summary")))
+                if "turns" in report and "summary" in report:
+                    state["reports"] += 1
                 state["answered"] += report["summary"]["answered"]
                 state["vanished" if vanish is not None else "ended"] += 1
             except Exception as exc:  # a failed call is a finding, not the end of the soak

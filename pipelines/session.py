@@ -271,9 +271,7 @@ class CallSession(ReplyPath):
                 # at the pause still covers all the turn's audio; it goes in if speech resumes.
                 self._pause_buf.append(pcm)
             else:
-                for p in self._pause_buf:
-                    self.asr.insert_audio(p)
-                self._pause_buf.clear()
+                self._flush_pause_audio()
                 self.asr.insert_audio(pcm)
             self._maybe_partial()
             self._maybe_endpoint()
@@ -397,10 +395,14 @@ class CallSession(ReplyPath):
         last syllable after a dip, a click): their audio is the turn's, so it goes to the ASR, and
         the pause starts again after them, with a hypothesis and a Smart Turn opinion that hear
         them. The pause's silence was already counted from ``t``."""
+        self._flush_pause_audio()
+        self._pause_at(t)
+
+    def _flush_pause_audio(self) -> None:
+        """The audio held back since the pause began goes to the ASR, in order."""
         for p in self._pause_buf:
             self.asr.insert_audio(p)
         self._pause_buf.clear()
-        self._pause_at(t)
 
     def _on_pause(self, t: float) -> None:
         self._speech_run_start = None
