@@ -145,6 +145,9 @@ def plot(out: dict[str, Any], path: Path, p95_bound_ms: float) -> None:
 
 
 def main() -> None:
+    from pipelines.allocator import tune_allocator
+
+    tune_allocator()  # as the voice-agent CLI does, before the engines' threads exist
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3, 4], help="simultaneous calls to try")
     ap.add_argument("--calls-per-level", type=int, default=8, help="calls heard at each level (rounds of N)")

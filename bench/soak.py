@@ -115,6 +115,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
+    from pipelines.allocator import tune_allocator
+
+    tuned = tune_allocator()  # as the voice-agent CLI does, before the engines' threads exist
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--calls", type=int, default=4, help="calls at once")
@@ -124,6 +127,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     out = asyncio.run(run(args))
+    out["allocator_tuned"] = tuned
     print(json.dumps(out, indent=2))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pipelines.allocator import tune_allocator
 from pipelines.config import AgentConfig, ConfigError, load_config
 from voice.audio import AudioInputError
 
@@ -165,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    tune_allocator()  # before the engines' threads exist
     ap = build_parser()
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,

@@ -1,0 +1,34 @@
+"""pipelines.allocator: the glibc settings are applied once, and an operator's own win."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBE = "from pipelines.allocator import tune_allocator; print(tune_allocator(), tune_allocator())"
+
+
+def _probe(**env: str) -> str:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "VOICE_AGENT_MALLOC"}
+    out = subprocess.run([sys.executable, "-c", PROBE], env={**base, **env}, cwd=ROOT, capture_output=True,
+                         text=True, check=True, timeout=60)
+    return out.stdout.strip()
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_glibc_takes_the_settings_once_per_process() -> None:
+    assert _probe() == "True True"
+
+
+def test_an_operators_malloc_environment_wins() -> None:
+    assert _probe(MALLOC_ARENA_MAX="4") == "False False"
+
+
+def test_it_can_be_turned_off() -> None:
+    assert _probe(VOICE_AGENT_MALLOC="default") == "False False"
