@@ -79,6 +79,7 @@ def chatterbot_pairs() -> list[Pair]:
 
 SGD_PAIRS = Path(__file__).parent / "corpus" / "sgd_pairs.jsonl.gz"
 GRAMMATICAL_REPLIES = Path(__file__).parent / "corpus" / "grammatical_replies.txt.gz"
+DISTILLED_REPLIES = Path(__file__).parent / "corpus" / "distilled_replies.jsonl.gz"
 
 
 def sgd_pairs(path: Path = SGD_PAIRS) -> list[Pair]:
@@ -94,6 +95,13 @@ def grammatical_replies(path: Path = GRAMMATICAL_REPLIES) -> set[str]:
     """`reply_key`s of the replies that parse and do not stutter (scripts/filter_replies.py)."""
     with gzip.open(path, "rt", encoding="utf-8") as f:
         return {ln.strip() for ln in f if ln.strip()}
+
+
+def distilled_replies(path: Path = DISTILLED_REPLIES) -> dict[str, str]:
+    """The reply model's own filtered replies, by the `reply_key` of their prompt
+    (scripts/distill_replies.py)."""
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return {d["k"]: d["reply"] for d in map(json.loads, f)}
 
 
 def all_pairs(seed: int = 0) -> list[Pair]:

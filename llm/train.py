@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from llm import block_lm
 from llm.architectures import new_ar, new_mdlm
-from llm.data import Pair, all_pairs, grammatical_replies, reply_key, sgd_pairs, split_pairs
+from llm.data import Pair, all_pairs, distilled_replies, grammatical_replies, reply_key, sgd_pairs, split_pairs
 from llm.persona import persona_pairs
 from llm.quality import repeats
 from llm.tokenizer import ChatTokenizer, train_tokenizer
@@ -141,6 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--grammatical", action="store_true",
                     help="train only on replies that parse under link-grammar and do not stutter "
                          "(llm/corpus/grammatical_replies.txt.gz, made by scripts/filter_replies.py)")
+    ap.add_argument("--distill", action="store_true",
+                    help="bdlm: train on the reply model's own filtered replies, one per prompt "
+                         "(llm/corpus/distilled_replies.jsonl.gz, made by scripts/distill_replies.py)")
     ap.add_argument("--blocks", default="8,16", help="bdlm: block sizes, one drawn per batch")
     ap.add_argument("--ar-weight", type=float, default=0.5, help="bdlm: weight of the clean copy's AR loss")
     ap.add_argument("--max-steps", type=int, help="stop after this many optimizer steps (to match another run)")
@@ -170,6 +173,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.grammatical:
         keep = grammatical_replies()
         train_pairs = [p for p in train_pairs if reply_key(p.response) in keep]
+    if args.distill:
+        target = distilled_replies()
+        by_prompt = {p.prompt: p for p in train_pairs if reply_key(p.prompt) in target}
+        train_pairs = [Pair(p.prompt, target[reply_key(p.prompt)], p.source) for p in by_prompt.values()]
     if args.tokenizer:
         tok = ChatTokenizer.load(args.tokenizer)
     else:
@@ -239,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
             "pad_weight": args.pad_weight, "seed": args.seed, "order_seed": args.order_seed, "threads": args.threads,
             "bf16_autocast": args.bf16,
             "train_pairs": len(data), "extra_persona": args.extra_persona, "init": str(args.init or ""),
-            "grammatical_only": args.grammatical,
+            "grammatical_only": args.grammatical, "distilled": args.distill,
             "heldout": HELDOUT, "prompt_len": PROMPT_LEN, "block_len": BLOCK_LEN,
             "loss_curve": [round(sum(c) / len(c), 4) for c in (losses[i : i + 100] for i in range(0, step, 100))],
             "data": ["chitchat-dataset 0.9.0 (MIT)", "chatterbot-corpus 1.3.3 (BSD)", "llm.persona (generated)"]
