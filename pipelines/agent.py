@@ -13,6 +13,7 @@ from llm.fingerprint import model_fingerprint
 from llm.remote import RemoteResponder
 from llm.responder import Responder
 from pipelines.admission import Admission, Seat
+from pipelines.allocator import TRIM_EVERY_S, release_free_memory
 from pipelines.config import AgentConfig
 from pipelines.events import EventBus
 from pipelines.reply_cache.cache import ReplyCache
@@ -82,6 +83,16 @@ class Agent:
         if cfg.cache.enabled:
             self.reply_cache = ReplyCache.for_engines(cfg.cache, engines.responder, engines.tts)
             self.reply_cache.on_state = self._cache_state_changed
+        self._trim: asyncio.Task[bool] | None = None
+        self._trimmed_at = -TRIM_EVERY_S
+
+    def call_ended(self) -> None:
+        """A call closed: give its freed memory back to the OS (off the event loop, at most every
+        `TRIM_EVERY_S`), so a long-running agent's RSS follows its live calls."""
+        now = asyncio.get_running_loop().time()
+        if (self._trim is None or self._trim.done()) and now - self._trimmed_at >= TRIM_EVERY_S:
+            self._trimmed_at = now
+            self._trim = asyncio.ensure_future(asyncio.to_thread(release_free_memory))
 
     def _cache_state_changed(self, up: bool, error: str) -> None:
         """The cache's backend went down or came back: every call in progress says so now."""
@@ -91,6 +102,8 @@ class Agent:
     async def aclose(self) -> None:
         """Release what the agent holds outside its sessions (the cache's Redis connection)."""
         await self.admission.aclose()
+        if self._trim is not None:
+            await self._trim
         if self.reply_cache is not None:
             await self.reply_cache.aclose()
 
@@ -145,6 +158,7 @@ class _TrackedSession(CallSession):
         finally:
             self._agent.sessions.pop(self.session_id, None)
             self._seat.release()
+            self._agent.call_ended()
 
 
 async def start_event_bridge(agent: Agent, cfg: AgentConfig) -> Any:

@@ -7,6 +7,10 @@ per-call buffers (audio windows, tensors of a few hundred kB) end up in heap are
 fragment and are never given back. Two arenas, a fixed 4 MB mmap threshold and a 128 kB
 trim threshold are meant to keep it flat (docs/capacity.md).
 
+Freed heap memory still counts as resident until glibc gives it back; `release_free_memory`
+(``malloc_trim``) gives it back, and the agent calls it off the event loop when a call ends,
+at most every `TRIM_EVERY_S` seconds.
+
 `tune_allocator` applies them with ``mallopt`` at process start, before the engines' threads
 exist (glibc fixes its arena limit once the eighth arena is made). It does nothing off glibc,
 or when any ``MALLOC_*`` variable is set in the environment, so an operator's own settings
@@ -27,10 +31,32 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
 
-# A fixed threshold of glibc's default 128 kB sends CTranslate2's per-call buffers to mmap:
-# Whisper 1.7x slower (bench/results/allocator_speed_cpu.json); 4 MB costs it nothing measurable.
+TRIM_EVERY_S = 30.0
+# A fixed mmap threshold of glibc's default 128 kB sends CTranslate2's per-call buffers to mmap:
+# Whisper took 107 ms instead of 61 (bench/allocator_speed.py, 3 rounds); at 4 MB the engines
+# run as fast as with the defaults (bench/results/allocator_speed_cpu.json).
 SETTINGS = {M_ARENA_MAX: 2, M_MMAP_THRESHOLD: 4 * 1024 * 1024, M_TRIM_THRESHOLD: 128 * 1024}
 _applied: bool | None = None
+_libc: ctypes.CDLL | None = None
+
+
+def _glibc() -> ctypes.CDLL | None:
+    global _libc
+    if _libc is None:
+        try:
+            lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            lib.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+            lib.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            return None  # not glibc (musl, macOS)
+        _libc = lib
+    return _libc
+
+
+def release_free_memory() -> bool:
+    """Blocking (a few ms): gives the heap's free pages back to the OS. True if any were."""
+    lib = _glibc()
+    return bool(lib.malloc_trim(0)) if lib is not None else False
 
 
 def tune_allocator() -> bool:
@@ -44,15 +70,10 @@ def tune_allocator() -> bool:
     if any(k.startswith("MALLOC_") for k in os.environ):
         log.debug("MALLOC_* set in the environment: allocator left as configured")
         return False
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False  # not glibc (musl, macOS): nothing to tune
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    _applied = all(mallopt(k, v) == 1 for k, v in SETTINGS.items())
+    lib = _glibc()
+    if lib is None:
+        return False
+    _applied = all(lib.mallopt(k, v) == 1 for k, v in SETTINGS.items())
     if not _applied:
         log.warning("mallopt refused the allocator settings; memory may grow on long runs")
     return _applied
