@@ -144,6 +144,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--distill", action="store_true",
                     help="bdlm: train on the reply model's own filtered replies, one per prompt "
                          "(llm/corpus/distilled_replies.jsonl.gz, made by scripts/distill_replies.py)")
+    ap.add_argument("--distill-cap", type=int, default=0,
+                    help="with --distill: at most this many prompts per distinct reply (0: all), so the most "
+                         "common replies do not crowd out the rest")
     ap.add_argument("--blocks", default="8,16", help="bdlm: block sizes, one drawn per batch")
     ap.add_argument("--ar-weight", type=float, default=0.5, help="bdlm: weight of the clean copy's AR loss")
     ap.add_argument("--max-steps", type=int, help="stop after this many optimizer steps (to match another run)")
@@ -177,6 +180,15 @@ def main(argv: list[str] | None = None) -> None:
         target = distilled_replies()
         by_prompt = {p.prompt: p for p in train_pairs if reply_key(p.prompt) in target}
         train_pairs = [Pair(p.prompt, target[reply_key(p.prompt)], p.source) for p in by_prompt.values()]
+        if args.distill_cap:
+            rng.shuffle(train_pairs)
+            seen: dict[str, int] = {}
+            capped = []
+            for p in train_pairs:
+                seen[p.response] = seen.get(p.response, 0) + 1
+                if seen[p.response] <= args.distill_cap:
+                    capped.append(p)
+            train_pairs = capped
     if args.tokenizer:
         tok = ChatTokenizer.load(args.tokenizer)
     else:
@@ -246,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
             "pad_weight": args.pad_weight, "seed": args.seed, "order_seed": args.order_seed, "threads": args.threads,
             "bf16_autocast": args.bf16,
             "train_pairs": len(data), "extra_persona": args.extra_persona, "init": str(args.init or ""),
-            "grammatical_only": args.grammatical, "distilled": args.distill,
+            "grammatical_only": args.grammatical, "distilled": args.distill, "distill_cap": args.distill_cap,
             "heldout": HELDOUT, "prompt_len": PROMPT_LEN, "block_len": BLOCK_LEN,
             "loss_curve": [round(sum(c) / len(c), 4) for c in (losses[i : i + 100] for i in range(0, step, 100))],
             "data": ["chitchat-dataset 0.9.0 (MIT)", "chatterbot-corpus 1.3.3 (BSD)", "llm.persona (generated)"]
