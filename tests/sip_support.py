@@ -215,8 +215,9 @@ class LoopbackCapture:
         """The one call's stream. A few stray datagrams from another source port in the range
         are tolerated (up to 8, 160 ms of audio) and named in the failure message if there are
         more: 3 were seen under heavy machine load, and 4, from a port in the server's own RTP
-        range to one no call used, in 1 of 8 runs of test_sip_peer.py on an idle machine (a
-        second run failed, its cause unrecorded); the cause is not pinned down (docs/sip.md)."""
+        range to one no call used, in 1 of 8 runs of test_sip_peer.py on an idle machine. A run
+        that caught 302 from sipp's own media port showed one cause: the test's RTP range lay in
+        the ephemeral range sipp's [auto_media_port] draws from (now below it)."""
         streams = sorted(self.streams().items(), key=lambda kv: -len(kv[1]))
         assert streams, "no RTP captured"
         stray = {f"{k[0]}->{k[1]}": len(v) for k, v in streams[1:]}
