@@ -5,8 +5,8 @@
 Each round starts two fresh child processes one after the other, glibc's defaults
 (``VOICE_AGENT_MALLOC=default``) and the agent's settings, in alternating order. Each child
 loads Whisper, the reply model and Piper, warms them, then times 20 calls of each: a 3 s
-Whisper window, one reply (no deadline) and one sentence of speech. The fixed mmap threshold
-sends every buffer over 128 kB to mmap, which costs page faults; this measures whether that
+Whisper window, one reply (no deadline) and one sentence of speech. A fixed mmap threshold
+sends every buffer above it to mmap, which costs page faults; this measures whether that
 shows. Prints each engine's median ms per setting and the ratio tuned / default (medians
 over the rounds).
 """
@@ -33,21 +33,16 @@ PROMPTS = [
 
 
 def child(reps: int) -> dict[str, float]:
-    import numpy as np
-
     from llm.config import LlmConfig
     from llm.responder import Responder
     from pipelines.allocator import tune_allocator
     from voice.asr import WhisperEngine
-    from voice.audio import read_wav
+    from voice.audio import int16_to_float, read_wav
     from voice.tts import PiperTTS
 
     tuned = tune_allocator()
-    pcm, _ = read_wav(ROOT / "examples" / "call.wav", target_rate=16000)
-    audio = pcm[:, 0] if pcm.ndim > 1 else pcm
-    if audio.dtype == np.int16:
-        audio = audio.astype(np.float32) / 32768.0
-    clip = np.ascontiguousarray(audio[16000 : 16000 * 4], dtype=np.float32)
+    pcm, _ = read_wav(ROOT / "examples" / "call.wav", target_rate=16000)  # int16 mono
+    clip = int16_to_float(pcm[16000 : 16000 * 4])
     asr, lm, tts = WhisperEngine(), Responder.load(LlmConfig(), turn_end=False), PiperTTS()
     asr.warmup()
     lm.generate(PROMPTS[0])

@@ -14,11 +14,16 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = "from pipelines.allocator import tune_allocator; print(tune_allocator(), tune_allocator())"
 
 
-def _probe(**env: str) -> str:
+def _run(code: str, **env: str) -> str:
+    """``code`` in a fresh interpreter, with no allocator settings but ``env``'s."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "VOICE_AGENT_MALLOC"}
-    out = subprocess.run([sys.executable, "-c", PROBE], env={**base, **env}, cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, cwd=ROOT, capture_output=True,
                          text=True, check=True, timeout=60)
     return out.stdout.strip()
+
+
+def _probe(**env: str) -> str:
+    return _run(PROBE, **env)
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
@@ -41,8 +46,5 @@ def test_release_free_memory_gives_back_what_was_freed() -> None:
              "blocks = [np.ones(512 * 1024 // 8) for _ in range(400)]\n"  # 200 MB of 512 kB heap blocks
              "del blocks[:-1]\n"
              "print(release_free_memory())")
-    base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "VOICE_AGENT_MALLOC"}
-    out = subprocess.run([sys.executable, "-c", probe], env=base, cwd=ROOT, capture_output=True, text=True,
-                         check=True, timeout=60)
     expected = "True" if platform.libc_ver()[0] == "glibc" else "False"
-    assert out.stdout.strip() == expected
+    assert _run(probe) == expected
