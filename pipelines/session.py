@@ -1,7 +1,8 @@
 """One caller's conversation: caller audio in, agent audio out, events on the bus.
 
 Data flows one way: transport → VAD → ASR → turn logic → LLM → TTS → AudioOutput. The
-session owns the turn logic (endpointing, speculation, barge-in, budgets); engines are
+session owns the turn logic (endpointing, barge-in, take-back); what it starts before the
+commit is `pipelines.session_speculation`, what it does after is `pipelines.session_reply`. Engines are
 shared across sessions and run in worker threads, so the event loop never blocks.
 
 Timeline of a turn (all times on the call timeline):
@@ -27,7 +28,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from llm.remote import RemoteResponder
-from llm.responder import Reply, Responder
+from llm.responder import Responder
 from pipelines.config import AgentConfig, BudgetConfig, ConfigError, format_validation_error
 from pipelines.endpointing import LOOKS_DONE, Endpointer, completeness, nearly_function_word, surface_kind
 from pipelines.events import (
@@ -38,17 +39,17 @@ from pipelines.events import (
     Partial,
     SessionEnd,
     SessionStart,
-    SpeculationStarted,
     SpeechEnd,
     SpeechStart,
 )
 from pipelines.reply_cache.cache import ReplyCache
 from pipelines.report import TurnRecord, summarize
-from pipelines.session_reply import ReplyPath
-from pipelines.speculation import Speculation, run_chain, same_words, with_first_audio_of
+from pipelines.session_speculation import SpeculationPath
+from pipelines.speculation import Speculation, covers, same_words
 from pipelines.transport import AudioClock, AudioOutput, Clock
 from pipelines.turn_audio_opinion import TurnAudioOpinions
 from pipelines.turn_end_opinion import TurnEndOpinions
+from voice.asr import SAMPLE_RATE as ASR_RATE
 from voice.asr import StreamingASR, WhisperEngine, normalize_words
 from voice.audio import AudioFrame, StreamResampler
 from voice.level import LevelGate, LevelTrack
@@ -58,7 +59,6 @@ from voice.vad import VadSegmenter, WebRtcVad
 from voice.workers import workers_of
 
 log = logging.getLogger(__name__)
-ASR_RATE = 16000
 
 
 @dataclass
@@ -71,7 +71,7 @@ class Engines:
     turn_audio: SmartTurn | None = None  # Smart Turn, when turn.smart_turn is on
 
 
-class CallSession(ReplyPath):
+class CallSession(SpeculationPath):
     def __init__(
         self,
         engines: Engines,
@@ -489,121 +489,6 @@ class CallSession(ReplyPath):
             self._add_spec(self._spec_for_text(upd.partial, n))
         self._on_evidence()  # a partial covering the speech, its LM opinion known, may end the turn
 
-    def _spec_for_text(self, text: str, samples: int) -> Speculation:
-        async def known() -> str:
-            return text
-
-        spec = Speculation(samples=samples, started_t=self.clock.now(), asr=asyncio.ensure_future(known()))
-        spec.text = text
-        self._chain(spec)
-        return spec
-
-    def _add_spec(self, spec: Speculation) -> None:
-        live = [x for x in self._specs if not x.done]
-        if len(live) >= max(1, self.cfg.turn.max_speculations):
-            oldest = live[0]
-            self.wasted_s += oldest.cancel()
-            self._specs.remove(oldest)
-        self._specs.append(spec)
-
-    def _chain(self, spec: Speculation) -> None:
-        utt = self.utt
-        assert utt is not None
-        utt.speculation["started"].append({"t": round(spec.started_t, 3)})
-        self.bus.emit(SpeculationStarted(self.session_id, spec.started_t, text=spec.text or ""))
-        history = list(self.history)
-
-        async def reply(text: str) -> Reply | None:
-            if self.reply_cache is not None:
-                look = await self.reply_cache.lookup(text, history)
-                self._note_cache_state()
-                if look.entry is not None:  # answered before: nothing to decode or synthesise
-                    spec.cache = look
-                    spec.ready_t = self.clock.now()
-                    return None
-            # another speculation on the same words already has a reply: share it
-            for other in self._specs:
-                if other is not spec and other.reply is not None and other.text is not None \
-                        and same_words(other.text, text) and not other.reply.cancelled():
-                    return await asyncio.shield(other.reply)
-            prev = self._prev_reply(spec)
-            if prev is not None:
-                utt.speculation["warm_starts"] += 1
-            return await self._llm(text, history, speculative=True, prev=prev)
-
-        async def first_audio(reply_text: str) -> tuple[str, np.ndarray] | None:
-            # the same reply's first clause is synthesised once per turn
-            other = with_first_audio_of(self._specs, spec, reply_text)
-            if other is None or other.first_audio is None:
-                out = await self._first_audio(reply_text)
-            else:
-                pcm = await asyncio.shield(other.first_audio)
-                out = (other.first_part, pcm) if pcm is not None else None
-            spec.ready_t = self.clock.now()
-            return out
-
-        spec.chain = self._spawn(run_chain(spec, reply, first_audio))
-
-    def _speculate(self) -> None:
-        if self.utt is None:
-            return
-        last = self._last_partial
-        if (
-            self._covering_partial() is None
-            and last is not None
-            and covers(last[0], self.utt.user_speech_end_s)
-            and any(x.text is not None and same_words(x.text, last[1]) and not x.cancelled for x in self._specs)
-        ):
-            self._maybe_cut(self.utt)
-            return  # a finished partial covers the speech and is already being answered
-        live = [s for s in self._specs if not s.done]
-        if not self.cfg.turn.speculation:
-            # still compute the hypothesis at the pause: the endpointer needs it
-            if not live:
-                self._specs.append(self._new_spec(chain=False))
-            return
-        self._add_spec(self._new_spec(chain=True))
-
-    def _new_spec(self, chain: bool) -> Speculation:
-        n = int(self.asr.duration * ASR_RATE)
-        utt = self.utt
-        assert utt is not None
-
-        covering = self._covering_partial()
-        self._awaited_by_pause = covering  # that partial's answer is this speculation's
-
-        async def hypothesis() -> str:
-            if covering is not None:
-                await asyncio.shield(covering)
-            last = self._last_partial
-            if utt is self.utt and last is not None and covers(last[0], utt.user_speech_end_s):
-                # a partial (done, or running when the pause came) covers all the speech:
-                # it is this pause's hypothesis, and the ASR need not run again
-                self._maybe_cut(utt)
-                return last[1]
-            upd = await self.asr.process_iter()
-            self._note_hypothesis(utt, upd.audio_end)
-            self._maybe_cut(utt)
-            if upd.partial and utt is self.utt:
-                t = self.clock.now()
-                utt.partials.append({"t": round(t, 3), "text": upd.partial, "stable": upd.stable})
-                self.bus.emit(Partial(self.session_id, t, text=upd.partial, stable=upd.stable))
-            return upd.partial
-
-        spec = Speculation(samples=n, started_t=self.clock.now(), asr=asyncio.ensure_future(hypothesis()))
-        self._bg.add(spec.asr)
-        spec.asr.add_done_callback(self._bg.discard)
-        spec.asr.add_done_callback(lambda _: self._on_evidence())
-        if chain:
-            self._chain(spec)
-        return spec
-
-    def _note_hypothesis(self, utt: TurnRecord, audio_end: float) -> None:
-        """Record when a transcript covering every voiced frame of the turn was ready (ms after
-        the last voiced frame): the earliest the turn's final transcript can be known."""
-        if utt is self.utt and not self._committed and covers(audio_end, utt.user_speech_end_s):
-            utt.speculation["final_text_ms"] = round((self.clock.now() - utt.user_speech_end_s) * 1000, 1)
-
     def _pause_text(self) -> str | None:
         """The newest hypothesis of the turn so far (it may not cover the last words)."""
         text = self._hypothesis_now()
@@ -741,12 +626,6 @@ class CallSession(ReplyPath):
         task.add_done_callback(self._bg.discard)
         task.add_done_callback(_log_failure)
         return task
-
-
-def covers(audio_end: float, speech_end: float) -> bool:
-    """Does audio up to ``audio_end`` include the voiced frame ending at ``speech_end``? The two
-    times are summed differently (samples vs frames), so they are compared to the millisecond."""
-    return audio_end >= speech_end - 1e-3
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:

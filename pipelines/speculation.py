@@ -23,6 +23,12 @@ from pipelines.reply_cache.cache import Lookup
 from voice.asr import normalize_words
 
 
+def covers(audio_end: float, speech_end: float) -> bool:
+    """Does audio up to ``audio_end`` include the voiced frame ending at ``speech_end``? The two
+    times are summed differently (samples vs frames), so they are compared to the millisecond."""
+    return audio_end >= speech_end - 1e-3
+
+
 def same_words(a: str, b: str) -> bool:
     return normalize_words(a) == normalize_words(b)
 

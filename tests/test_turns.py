@@ -20,8 +20,8 @@ from llm.responder import Reply
 from pipelines.config import AgentConfig, TurnConfig
 from pipelines.endpointing import Endpointer, completeness
 from pipelines.events import EventBus, Interrupt, SpeculationStarted, Violation
-from pipelines.session import CallSession, Engines, covers
-from pipelines.speculation import Speculation
+from pipelines.session import CallSession, Engines
+from pipelines.speculation import Speculation, covers
 from pipelines.transport import AudioClock
 from voice.asr import TranscriptResult
 from voice.audio import AudioFrame
