@@ -16,6 +16,7 @@ from pipelines.admission import Admission, Seat
 from pipelines.allocator import TRIM_EVERY_S, release_free_memory
 from pipelines.config import AgentConfig
 from pipelines.events import EventBus
+from pipelines.gc_policy import collect_ended_call, freeze_loaded
 from pipelines.reply_cache.cache import ReplyCache
 from pipelines.session import CallSession, Engines
 from pipelines.transport import AudioOutput, Clock
@@ -60,6 +61,9 @@ def load_engines(cfg: AgentConfig) -> Engines:
         for name, engine in (("asr", asr), ("llm", responder), ("tts", tts), ("smart_turn", turn_audio)):
             if engine is not None:
                 engine.workers = EngineWorkers(name, threads)
+    # the engines' objects live as long as the process: the cyclic collector stops walking
+    # them, so collecting a call's garbage costs ~1 ms instead of ~335 ms (pipelines/gc_policy.py)
+    freeze_loaded()
     return Engines(asr=asr, responder=responder, tts=tts, turn_audio=turn_audio)
 
 
@@ -87,8 +91,10 @@ class Agent:
         self._trimmed_at = -TRIM_EVERY_S
 
     def call_ended(self) -> None:
-        """A call closed: give its freed memory back to the OS (off the event loop, at most every
+        """A call closed: free its objects (a cyclic web, `pipelines.gc_policy`; about 1 ms on
+        the loop) and give freed memory back to the OS (off the event loop, at most every
         `TRIM_EVERY_S`), so a long-running agent's RSS follows its live calls."""
+        collect_ended_call()
         now = asyncio.get_running_loop().time()
         if (self._trim is None or self._trim.done()) and now - self._trimmed_at >= TRIM_EVERY_S:
             self._trimmed_at = now

@@ -3,8 +3,8 @@
 With glibc's defaults every thread that allocates may get an arena of its own (up to 8 per
 core), and the mmap threshold rises after the first large free. Two arenas, a fixed 4 MB mmap
 threshold and a 128 kB trim threshold start a 4-call soak about 200 MB lower at no measured
-cost to the engines; they do not stop its steady growth (about 25 MB a minute, cause not
-found: docs/capacity.md).
+cost to the engines. (Its steady growth was dead calls waiting for the cyclic collector, not
+the allocator: `pipelines/gc_policy.py`.)
 
 Freed heap memory still counts as resident until glibc gives it back; `release_free_memory`
 (``malloc_trim``) gives it back, and the agent calls it off the event loop when a call ends,
