@@ -11,8 +11,6 @@ import numpy as np
 from pipelines.gc_policy import collect_ended_call
 from tests import speech
 from tests.test_replay import RATE, build_call
-from voice.audio import AudioFrame
-from voice.transports.replay import TimelineOutput
 
 
 def test_loading_the_engines_freezes_their_objects(engines) -> None:
@@ -36,21 +34,21 @@ def test_cyclic_garbage_with_a_big_buffer_is_freed_when_a_call_ends(engines) -> 
 
 
 async def test_a_closed_call_is_freed_by_one_collection(agent) -> None:
-    from pipelines.transport import AudioClock
+    from pipelines.replay import replay_pcm
 
+    made: list[weakref.ref] = []
+    new_session = agent.new_session
+
+    def tracked(*args, **kwargs):  # the replay's session, held weakly
+        session = new_session(*args, **kwargs)
+        made.append(weakref.ref(session))
+        return session
+
+    agent.new_session = tracked
     pcm, _ = build_call([speech.librivox()[1]], gap_s=1.5)
-    clock = AudioClock()
-    output = TimelineOutput(RATE, clock, capacity_s=len(pcm) / RATE + 5.0)
-    session = agent.new_session(output, clock, "replay")
-    await session.start()
-    n = RATE // 50
-    for i in range(0, len(pcm) - n + 1, n):
-        await session.push_audio(AudioFrame(pcm[i: i + n], RATE, i / RATE))
-        await session.idle()
-    report = await session.close()
+    report, track = await replay_pcm(agent, pcm, RATE, fast=True)
     assert report["turns"], "the call had a turn"
-    gone = weakref.ref(session)
-    track = weakref.ref(output.track)
-    del session, output
+    output_track = weakref.ref(track)
+    del report, track
     collect_ended_call()
-    assert gone() is None and track() is None
+    assert len(made) == 1 and made[0]() is None and output_track() is None
