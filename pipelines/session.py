@@ -56,7 +56,7 @@ from voice.level import LevelGate, LevelTrack
 from voice.smart_turn import SmartTurn
 from voice.tts import PiperTTS
 from voice.vad import VadSegmenter, WebRtcVad
-from voice.workers import workers_of
+from voice.workers import AHEAD, NOW, workers_of
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,10 @@ class CallSession(SpeculationPath):
             vad = VadSegmenter(WebRtcVad(cfg.vad.aggressiveness, ASR_RATE, cfg.vad.frame_ms),
                                cfg.vad.start_ms, cfg.vad.stop_ms, gate)
         self.vad = vad
-        self.asr = StreamingASR(engines.asr.transcribe, drafts=engines.asr.drafts, workers=workers_of(engines.asr))
+        self.asr = StreamingASR(
+            engines.asr.transcribe, drafts=engines.asr.drafts, workers=workers_of(engines.asr),
+            ahead_min_window_s=cfg.asr.partial_min_window_s if isinstance(engines.asr, WhisperEngine) else None,
+        )
         self.endpointer = Endpointer(cfg.turn)
         self._resamplers: dict[int, StreamResampler] = {}
         self._levels = LevelTrack()  # recent caller levels: where the caller's speech truly ended
@@ -154,9 +157,9 @@ class CallSession(SpeculationPath):
     async def start(self) -> None:
         self.bus.emit(SessionStart(self.session_id, self.clock.now(), transport=self.transport))
 
-    async def _synth(self, text: str) -> np.ndarray:
-        """Piper, on its worker threads."""
-        return await workers_of(self.engines.tts).run(self.engines.tts.synth, text)
+    async def _synth(self, text: str, priority: int = NOW) -> np.ndarray:
+        """Piper, on its worker threads (a reply's later clauses `AHEAD`: behind first clauses)."""
+        return await workers_of(self.engines.tts).run(self.engines.tts.synth, text, priority=priority)
 
     async def close(self, reason: str = "completed") -> dict[str, Any]:
         if not self.closed:
@@ -453,7 +456,8 @@ class CallSession(SpeculationPath):
             return
         self._last_partial_samples = n
         self._partial_end = self.asr.audio_end
-        self._partial_task = self._spawn(self._partial())
+        # a partial while the caller speaks runs ahead of need; the tail's may be the final one
+        self._partial_task = self._spawn(self._partial(AHEAD if not tail else NOW))
 
     def _covering_partial(self) -> asyncio.Task[None] | None:
         """The partial in flight, if it covers every voiced frame of the turn so far."""
@@ -462,10 +466,10 @@ class CallSession(SpeculationPath):
             return None
         return task if covers(self._partial_end, self.utt.user_speech_end_s) else None
 
-    async def _partial(self) -> None:
+    async def _partial(self, priority: int) -> None:
         utt = self.utt
         n = int(self.asr.duration * ASR_RATE)
-        upd = await self.asr.process_iter()
+        upd = await self.asr.process_iter(priority)
         self._partial_cost_s = upd.compute_s
         if utt is None or utt is not self.utt or not upd.partial or self._committed:
             return

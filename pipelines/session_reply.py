@@ -29,6 +29,7 @@ from voice.asr import SAMPLE_RATE as ASR_RATE
 from voice.asr import normalize_words
 from voice.audio import StreamResampler
 from voice.level import LevelTrack, first_audible_offset
+from voice.workers import AHEAD
 
 if TYPE_CHECKING:
     from pipelines.config import AgentConfig, BudgetConfig
@@ -69,7 +70,7 @@ class ReplyPath:
     _fallback_pcm: dict[str, np.ndarray]
     _cache_up: bool
     _levels: LevelTrack
-    _synth: Callable[[str], Awaitable[np.ndarray]]
+    _synth: Callable[..., Awaitable[np.ndarray]]
     _spawn: Callable[[Awaitable[Any]], asyncio.Task[Any]]
     _partial_covers_turn: Callable[[], bool]
 
@@ -283,7 +284,7 @@ class ReplyPath:
         self.history.append((utt.transcript, utt.response))
         # the rest of the reply, clause by clause; cancellation (barge-in) stops it here
         for i, part in enumerate(rest):
-            pcm = rest_audio[i] if rest_audio is not None else await self._synth(part)
+            pcm = rest_audio[i] if rest_audio is not None else await self._synth(part, AHEAD)
             if self._playing is not utt:
                 break
             self._play(pcm)

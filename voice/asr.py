@@ -21,12 +21,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from voice.asr_config import AsrConfig
-from voice.workers import SHARED, EngineWorkers
+from voice.workers import AHEAD, NOW, SHARED, EngineWorkers
 
 if TYPE_CHECKING:
     from voice.whisper_decoder import TorchWhisperDecoder
@@ -42,6 +42,11 @@ class AsrLoadError(RuntimeError):
 # segment): no-speech probability above this and the mean token log-probability below that
 NO_SPEECH_PROB = 0.6
 NO_SPEECH_LOGPROB = -1.0
+# and a window Whisper is this sure of holds no speech whatever it writes: on an 8 s window a
+# breath before the first word read as "Thank you." (no-speech 0.94, log-probability -0.76).
+# Breaths and clicks at a clip's start scored 0.87-0.98; the 154 turns of the evaluation set,
+# one-word answers included, at most 0.62
+NO_SPEECH_SURE = 0.8
 
 
 @dataclass
@@ -144,19 +149,21 @@ class WhisperEngine:
         self.transcribe(noise, draft="Hello there.")
         self.transcribe(noise, window_s=30.0)
 
-    def window_for(self, audio_s: float, window_s: float | None = None) -> float:
+    def window_for(self, audio_s: float, window_s: float | None = None, min_window_s: float | None = None) -> float:
         """The encoder window for ``audio_s`` seconds of audio: 30 means faster-whisper's own path.
 
         The encoder's cost grows with the window, so short audio gets a short window: the
         smallest whole second that leaves ``window_margin_s`` of silence after the audio, not
-        below ``min_window_s``. Longer audio keeps a fitted window (audio + margin) up to 29 s, then
-        30 s. An explicit ``window_s`` too short for the audio gets twice that, then 30 s."""
+        below ``min_window_s`` (default: the config's). Longer audio keeps a fitted window
+        (audio + margin) up to 29 s, then 30 s. An explicit ``window_s`` too short for the
+        audio gets twice that, then 30 s."""
         cap = self.cfg.window_s if window_s is None else window_s
         if cap >= 30.0:
             return 30.0
         if window_s is None:
             fit = float(np.ceil(audio_s + self.cfg.window_margin_s))
-            want = min(cap, max(self.cfg.min_window_s, fit))
+            floor = self.cfg.min_window_s if min_window_s is None else min_window_s
+            want = min(cap, max(floor, fit))
         else:
             want = cap  # an explicit window is taken as asked
         if audio_s <= want - 0.2:
@@ -170,18 +177,21 @@ class WhisperEngine:
         return 30.0
 
     def transcribe(
-        self, audio: np.ndarray, window_s: float | None = None, draft: str | None = None
+        self, audio: np.ndarray, window_s: float | None = None, draft: str | None = None,
+        min_window_s: float | None = None,
     ) -> TranscriptResult:
         """Blocking. ``audio`` is float32 mono at 16 kHz. ``window_s`` fixes the window (30 =
         faster-whisper's path); by default it adapts to the audio length (`window_for`).
-        ``draft``, the text an earlier hypothesis of the same audio's start gave, lets the
-        torch decoder (``asr.draft_decoder``) check it in one pass instead of decoding it token
-        by token; the text is still what greedy decoding gives, not the draft."""
+        ``min_window_s`` overrides the config's shortest adaptive window (the partials' cheaper
+        one, ``asr.partial_min_window_s``). ``draft``, the text an earlier hypothesis of the
+        same audio's start gave, lets the torch decoder (``asr.draft_decoder``) check it in one
+        pass instead of decoding it token by token; the text is still what greedy decoding
+        gives, not the draft."""
         audio_s = len(audio) / SAMPLE_RATE
         t0 = time.perf_counter()
         if len(audio) == 0:
-            return TranscriptResult("", 0.0, self.window_for(0.0, window_s))
-        window = self.window_for(audio_s, window_s)
+            return TranscriptResult("", 0.0, self.window_for(0.0, window_s, min_window_s))
+        window = self.window_for(audio_s, window_s, min_window_s)
         if window < 30.0:
             text, nsp, drafted, near, capped = self._short_window(audio, window, draft)
             # A loop: the guard's (a third round, more words than anyone says, or decoding
@@ -267,9 +277,9 @@ class WhisperEngine:
                 capped = len(prompt) + len(tokens) >= max_length - 1
                 avg_logprob = res.scores[0] * k / (k + 1)  # as faster-whisper computes it (length penalty 1)
                 nsp = float(res.no_speech_prob)
-        if nsp > NO_SPEECH_PROB and avg_logprob < NO_SPEECH_LOGPROB:
+        if (nsp > NO_SPEECH_PROB and avg_logprob < NO_SPEECH_LOGPROB) or nsp >= NO_SPEECH_SURE:
             # a click, a breath or a cough that Whisper would still put words on ("Perfect.",
-            # "Yeah."): no words, as faster-whisper's own path gives for it
+            # "Yeah.", "Thank you."): no words, as faster-whisper's own path gives for it
             return "", nsp, drafted, (None, 0.0), False
         return self.tokenizer.decode(tokens).strip(), nsp, drafted, near, capped
 
@@ -302,6 +312,9 @@ class StreamingASR:
     # earlier one of the same stretch of audio to the decoder to check in one pass
     drafts: bool = False
     workers: EngineWorkers = SHARED  # the engine's worker threads (`voice.workers`)
+    # the engine takes ``min_window_s=``: partials run ahead of need (`voice.workers.AHEAD`) get
+    # this cheaper shortest window (``asr.partial_min_window_s``); None: the engine's own
+    ahead_min_window_s: float | None = None
     pre_roll_s: float = 0.2
     max_utterance_s: float = 28.0
     _audio: list[np.ndarray] = field(default_factory=list)
@@ -383,7 +396,7 @@ class StreamingASR:
         self._audio = [pcm]
         return pcm.astype(np.float32) / 32768.0
 
-    async def _run(self) -> tuple[TranscriptResult, float]:
+    async def _run(self, priority: int = NOW) -> tuple[TranscriptResult, float]:
         n = self._samples
         end = self.audio_end
         if self._cache is not None and self._cache[0] == n:
@@ -392,11 +405,12 @@ class StreamingASR:
         # first) is not this hypothesis's, whose audio starts at the old cut
         fixed_n, fixed_text = self._fixed_samples, self._fixed_text
         audio = self._buffer()[fixed_n:n]
+        kw: dict[str, Any] = {}
         if self.drafts:
-            draft = self._draft[1] if self._draft is not None and self._draft[0] == fixed_n else None
-            res = await self.workers.run(self.transcribe, audio, draft=draft)
-        else:
-            res = await self.workers.run(self.transcribe, audio)
+            kw["draft"] = self._draft[1] if self._draft is not None and self._draft[0] == fixed_n else None
+        if priority == AHEAD and self.ahead_min_window_s is not None:
+            kw["min_window_s"] = self.ahead_min_window_s
+        res = await self.workers.run(self.transcribe, audio, priority=priority, **kw)
         own = res.text
         if fixed_text:
             res = replace(res, text=f"{fixed_text} {res.text}".strip())
@@ -408,8 +422,10 @@ class StreamingASR:
                 self._draft = (fixed_n, own)
         return res, end
 
-    async def process_iter(self) -> AsrUpdate:
-        res, end = await self._run()
+    async def process_iter(self, priority: int = NOW) -> AsrUpdate:
+        """A hypothesis of the utterance so far. ``priority`` `voice.workers.AHEAD` for a partial
+        nobody waits on yet (the caller is still speaking): it queues behind other calls' finals."""
+        res, end = await self._run(priority)
         words = res.text.split()
         k = agreed_prefix(self._prev_words, words)
         if k > len(self._stable):

@@ -17,7 +17,7 @@ import numpy as np
 
 from voice.level import first_audible_offset
 from voice.tts_config import TtsConfig
-from voice.workers import SHARED, EngineWorkers
+from voice.workers import AHEAD, NOW, SHARED, EngineWorkers
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _CLAUSE = re.compile(r"(?<=[,;:])\s+")
@@ -94,8 +94,9 @@ class PiperTTS:
         cancel = threading.Event()
         parts = split_for_speech(text, self.cfg.max_first_words, self.cfg.split_clauses)
         try:
-            for part in parts:
-                pcm = await self.workers.run(self._synth_one, part, cancel)
+            for i, part in enumerate(parts):
+                # the first clause before any reply's later ones
+                pcm = await self.workers.run(self._synth_one, part, cancel, priority=NOW if i == 0 else AHEAD)
                 if pcm is None:
                     return
                 yield pcm
