@@ -1,7 +1,7 @@
 """Capacity: how many simultaneous calls one box holds before callers hear it.
 
     python bench/capacity.py [--levels 1 2 3 4] [--calls-per-level 8] [--split test] [--json PATH]
-                             [--plot PATH.svg]
+                             [--plot PATH.svg] [--sip]
 
 For each level N, rounds of N calls from the evaluation set (`bench/eval_calls.py`) are
 replayed at once through ``voice-agent replay --concurrent`` (`pipelines.replay_concurrent`,
@@ -16,6 +16,11 @@ OUT.wav) is judged against the call's ground truth exactly as bench/turn_gap.py 
 Per level: p50/p95 gap, cut-offs, missed, CPU (process time over wall time: the cores in use
 on average) and resident memory at the end of the level's rounds. The capacity is the largest
 N whose p95 gap is at most ``--p95-ms`` (350) with no cut-offs, every smaller level holding too.
+
+``--sip`` also dials the same rounds as phone calls: one sipp per call streams it as PCMU to the
+SIP bridge in front of the same agent, and what each caller heard is judged from the RTP captured
+on loopback (bench/capacity_sip.py; root and sipp needed). The JSON then has ``"sip": {"curve",
+"capacity"}`` beside the replay leg's ``"curve"`` and ``"capacity"``.
 """
 
 from __future__ import annotations
@@ -70,12 +75,45 @@ def largest_holding(curve: list[dict[str, Any]], p95_ms: float) -> int:
     return best
 
 
+async def replay_round(agent: Any, rnd: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """One round through `replay --concurrent`: the calls judged from their OUT.wav, and the violations."""
+    from pipelines.replay_concurrent import CallInput, replay_concurrent
+    from voice.audio import read_wav
+
+    inputs = []
+    for c in rnd:
+        pcm, rate = read_wav(c["wav"])
+        inputs.append(CallInput(c["id"], Path(c["wav"]), pcm, rate))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        s = await replay_concurrent(agent, inputs, out, out)
+        return judge_round(rnd, out), s["overall"]["violations"]
+
+
+async def sip_round_judged(agent: Any, rnd: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """One round of phone calls from sipp (bench/capacity_sip.py), judged from what went out on the wire."""
+    from capacity_sip import RATE, sip_round
+
+    with tempfile.TemporaryDirectory() as tmp:
+        heard, records = await sip_round(agent, rnd, Path(tmp))
+    judged = []
+    for c in rnd:
+        judged += judge(audible_onsets(heard[c["id"]], RATE), c["truth"]["turns"])
+    violations = sum((r.report or {}).get("summary", {}).get("violations", 0) for r in records)
+    return judged, violations
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from pipelines.agent import Agent
     from pipelines.config import AgentConfig, load_config
-    from pipelines.replay_concurrent import CallInput, current_rss_mb, replay_concurrent
-    from voice.audio import read_wav
+    from pipelines.replay_concurrent import current_rss_mb
 
+    legs = {"replay": replay_round}
+    if args.sip:
+        from capacity_sip import check_available
+
+        check_available()
+        legs["sip"] = sip_round_judged
     cfg = load_config(args.config) if args.config else AgentConfig()
     cfg.cache.enabled = False  # the set's clips recur across calls: measure fresh replies
     cfg.agent.max_calls = max(cfg.agent.max_calls, *args.levels)
@@ -83,37 +121,37 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     t_load = time.monotonic()
     agent = await Agent.load(cfg)
     print(f"engines loaded in {time.monotonic() - t_load:.1f} s; {len(calls)} calls in {args.split}", flush=True)
-    curve = []
+    curves: dict[str, list[dict[str, Any]]] = {leg: [] for leg in legs}
     try:
-        for n in args.levels:
-            judged: list[dict[str, Any]] = []
-            cpu_s = wall_s = 0.0
-            violations = 0
-            for i, rnd in enumerate(rounds_for(calls, n, args.calls_per_level, offset=n)):
-                inputs = []
-                for c in rnd:
-                    pcm, rate = read_wav(c["wav"])
-                    inputs.append(CallInput(c["id"], Path(c["wav"]), pcm, rate))
-                with tempfile.TemporaryDirectory() as tmp:
-                    out = Path(tmp)
+        for leg, round_fn in legs.items():
+            for n in args.levels:
+                judged: list[dict[str, Any]] = []
+                cpu_s = wall_s = 0.0
+                violations = 0
+                for i, rnd in enumerate(rounds_for(calls, n, args.calls_per_level, offset=n)):
                     cpu0, t0 = time.process_time(), time.monotonic()
-                    s = await replay_concurrent(agent, inputs, out, out)
+                    j, v = await round_fn(agent, rnd)
                     cpu_s += time.process_time() - cpu0
                     wall_s += time.monotonic() - t0
-                    violations += s["overall"]["violations"]
-                    judged += judge_round(rnd, out)
-                print(f"N={n} round {i + 1}: {[c['id'] for c in rnd]} session p95 {s['overall']['gap_p95_ms']} ms",
-                      flush=True)
-            j = summary(judged)
-            row = {"calls": n, "p50_ms": j["p50_ms"], "p95_ms": j["p95_ms"], "cutoffs": j["cutoffs"],
-                   "missed": j["missed"], "turns": len(judged), "joins_talked_over": j["joins_talked_over"],
-                   "violations": violations, "cpu": round(cpu_s / wall_s, 3), "rss_mb": round(current_rss_mb(), 1)}
-            curve.append(row)
-            print(json.dumps(row), flush=True)
+                    judged += j
+                    violations += v
+                    print(f"{leg} N={n} round {i + 1}: {[c['id'] for c in rnd]}", flush=True)
+                j = summary(judged)
+                row = {"calls": n, "p50_ms": j["p50_ms"], "p95_ms": j["p95_ms"], "cutoffs": j["cutoffs"],
+                       "missed": j["missed"], "turns": len(judged), "joins_talked_over": j["joins_talked_over"],
+                       "violations": violations, "cpu": round(cpu_s / wall_s, 3),
+                       "rss_mb": round(current_rss_mb(), 1)}
+                curves[leg].append(row)
+                print(leg, json.dumps(row), flush=True)
     finally:
         await agent.aclose()
-    return {"split": args.split, "calls_per_level": args.calls_per_level, "p95_bound_ms": args.p95_ms,
-            "cores": os.cpu_count(), "curve": curve, "capacity": largest_holding(curve, args.p95_ms)}
+    out: dict[str, Any] = {"split": args.split, "calls_per_level": args.calls_per_level, "p95_bound_ms": args.p95_ms,
+                           "cores": os.cpu_count(), "curve": curves["replay"],
+                           "capacity": largest_holding(curves["replay"], args.p95_ms)}
+    if "sip" in curves:
+        # the same rounds as phone calls: sipp dialling the SIP bridge (PCMU), judged on the wire
+        out["sip"] = {"curve": curves["sip"], "capacity": largest_holding(curves["sip"], args.p95_ms)}
+    return out
 
 
 def plot(out: dict[str, Any], path: Path, p95_bound_ms: float) -> None:
@@ -156,12 +194,16 @@ def main() -> None:
     ap.add_argument("--config")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path, help="draw the curve to this file (SVG or PNG)")
+    ap.add_argument("--sip", action="store_true",
+                    help="also dial every round through the SIP bridge with sipp (PCMU; needs root and sipp)")
     args = ap.parse_args()
     out = asyncio.run(run(args))
     if args.plot:
         plot(out, args.plot, args.p95_ms)
     print(json.dumps(out, indent=2))
     print(f"capacity: {out['capacity']} simultaneous calls hold p95 <= {args.p95_ms:.0f} ms with no cut-offs")
+    if "sip" in out:
+        print(f"capacity over SIP (sipp, PCMU): {out['sip']['capacity']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2))

@@ -10,6 +10,7 @@ import struct
 import subprocess
 import threading
 import time
+from collections.abc import Container
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,7 +156,7 @@ class LoopbackCapture:
 
     SO_TIMESTAMPNS = 35
 
-    def __init__(self, src_ports: range) -> None:
+    def __init__(self, src_ports: Container[int]) -> None:
         self.src_ports = src_ports
         self.packets: list[Captured] = []
         self._sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))

@@ -3,8 +3,8 @@ each caller turn is written once, and close to what was said.
 
 Whisper on a short padded window can say a short turn twice ("Your temporary greeting has been
 removed. Your temporary greeting has been removed.", "November. November"). These are the three
-dev calls where the 3 s windows once did that; the hypotheses a turn's answer waits on now take
-8 s windows (`asr.min_window_s`, docs/asr.md)."""
+dev calls where that reached the final transcript; a text said twice over is now decoded again
+on an 8 s window (`asr.twice_window_s`, docs/asr.md)."""
 
 from __future__ import annotations
 
@@ -14,24 +14,13 @@ from pathlib import Path
 import pytest
 
 from pipelines.replay import replay_pcm
-from tests.wer import wer, words
+from tests.wer import wer
+from voice.asr import said_twice
 from voice.audio import read_wav
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 from eval_calls import load_calls  # noqa: E402
-
-
-def said_twice(text: str) -> bool:
-    """A run of words followed at once by the same run ("november november", "go forward go forward")."""
-    w = words(text)
-    return any(w[i : i + n] == w[i + n : i + 2 * n]
-               for n in range(1, len(w) // 2 + 1) for i in range(len(w) - 2 * n + 1))
-
-
-def test_said_twice_finds_a_doubled_run_of_words() -> None:
-    assert said_twice("November. November") and said_twice("go forward 10 meters. Go forward 10 meters.")
-    assert not said_twice("Your temporary greeting has been removed.") and not said_twice("")
 
 
 @pytest.mark.slow

@@ -11,10 +11,9 @@ import pytest
 from pipelines.config import AsrConfig
 from tests import speech
 from tests.wer import wer
-from voice.asr import StreamingASR, agreed_prefix, deloop, looks_degenerate
+from voice.asr import StreamingASR, agreed_prefix, deloop, looks_degenerate, said_twice
 from voice.audio import AudioFrame, frames_of, read_wav, resample
 from voice.vad import VadSegmenter, WebRtcVad
-from voice.workers import AHEAD
 
 ASR_WER_BOUND = 0.25  # tiny.en int8 on these clips; measured 0.05-0.15
 
@@ -83,13 +82,12 @@ def test_a_window_whisper_calls_no_speech_gives_no_words(engines) -> None:
 
 def test_adaptive_window_fits_the_audio(engines) -> None:
     asr = engines.asr
-    cfg = asr.cfg  # defaults: min 8 s (3 s for partials while the caller speaks), margin 1 s, cap 8 s
-    assert asr.window_for(0.5) == cfg.min_window_s == 8.0
+    cfg = asr.cfg  # defaults: min 3 s, margin 1 s, cap 8 s
+    assert asr.window_for(0.5) == cfg.min_window_s == 3.0
+    assert asr.window_for(2.5) == 4.0  # the smallest whole second with ≥ 1 s of silence after
     assert asr.window_for(6.5) == 8.0  # capped at window_s
     assert asr.window_for(7.9) == 9.0  # longer than the cap: still fitted
-    assert asr.window_for(0.5, min_window_s=cfg.partial_min_window_s) == 3.0
-    assert asr.window_for(2.5, min_window_s=3.0) == 4.0  # the smallest whole second with ≥ 1 s of silence after
-    assert asr.window_for(6.5, min_window_s=3.0) == 8.0
+    assert asr.window_for(2.5, min_window_s=cfg.twice_window_s) == 8.0  # the window a doubled text is decoded on
     assert asr.window_for(20.0) == 21.0
     assert asr.window_for(28.5) == 30.0
     assert asr.window_for(11.0, window_s=8.0) == 16.0  # an explicit window too short: the next one up
@@ -97,24 +95,11 @@ def test_adaptive_window_fits_the_audio(engines) -> None:
     assert asr.window_for(2.5, window_s=30.0) == 30.0
 
 
-async def test_partials_run_ahead_take_the_cheaper_window_and_queue_behind_finals() -> None:
-    seen: list[tuple[float | None, int]] = []
-
-    def fake_transcribe(audio: np.ndarray, min_window_s: float | None = None):  # a fake engine
-        from voice.asr import TranscriptResult
-
-        seen.append((min_window_s, len(audio)))
-        return TranscriptResult("words.", 0.0, 8.0)
-
-    s = StreamingASR(fake_transcribe, ahead_min_window_s=3.0)
-    s.reset(0.0)
-    s.insert_audio(np.zeros(16000, np.int16))
-    await s.process_iter(AHEAD)  # a partial while the caller speaks
-    s.insert_audio(np.zeros(1600, np.int16))
-    await s.process_iter()  # a hypothesis somebody waits on (a pause, the tail)
-    s.insert_audio(np.zeros(1600, np.int16))
-    await s.finish()
-    assert seen == [(3.0, 16000), (None, 17600), (None, 19200)]
+def test_said_twice_finds_a_run_of_words_said_again_at_once() -> None:
+    assert said_twice("November. November") and said_twice("go forward 10 meters. Go forward 10 meters.")
+    assert said_twice("five five")  # said so, or not: the longer window decides
+    assert not said_twice("Your temporary greeting has been removed.") and not said_twice("")
+    assert not said_twice("ten of clubs, seven of clubs")
 
 
 @pytest.mark.slow

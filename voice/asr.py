@@ -21,12 +21,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from voice.asr_config import AsrConfig
-from voice.workers import AHEAD, NOW, SHARED, EngineWorkers
+from voice.workers import NOW, SHARED, EngineWorkers
 
 if TYPE_CHECKING:
     from voice.whisper_decoder import TorchWhisperDecoder
@@ -90,6 +90,14 @@ def looks_degenerate(text: str, audio_s: float) -> bool:
             if grams[i] == grams[i + n] == grams[i + 2 * n]:
                 return True  # the same n-gram three times in a row
     return False
+
+
+def said_twice(text: str) -> bool:
+    """A run of words followed at once by the same run ("november november", "go forward 10
+    meters. go forward 10 meters")."""
+    w = normalize_words(text)
+    return any(w[i : i + n] == w[i + n : i + 2 * n]
+               for n in range(1, len(w) // 2 + 1) for i in range(len(w) - 2 * n + 1))
 
 
 def deloop(text: str, min_period: int = 1) -> str | None:
@@ -182,11 +190,10 @@ class WhisperEngine:
     ) -> TranscriptResult:
         """Blocking. ``audio`` is float32 mono at 16 kHz. ``window_s`` fixes the window (30 =
         faster-whisper's path); by default it adapts to the audio length (`window_for`).
-        ``min_window_s`` overrides the config's shortest adaptive window (the partials' cheaper
-        one, ``asr.partial_min_window_s``). ``draft``, the text an earlier hypothesis of the
-        same audio's start gave, lets the torch decoder (``asr.draft_decoder``) check it in one
-        pass instead of decoding it token by token; the text is still what greedy decoding
-        gives, not the draft."""
+        ``min_window_s`` overrides the config's shortest adaptive window. ``draft``, the text an
+        earlier hypothesis of the same audio's start gave, lets the torch decoder
+        (``asr.draft_decoder``) check it in one pass instead of decoding it token by token; the
+        text is still what greedy decoding gives, not the draft."""
         audio_s = len(audio) / SAMPLE_RATE
         t0 = time.perf_counter()
         if len(audio) == 0:
@@ -194,6 +201,14 @@ class WhisperEngine:
         window = self.window_for(audio_s, window_s, min_window_s)
         if window < 30.0:
             text, nsp, drafted, near, capped = self._short_window(audio, window, draft)
+            twice = self.window_for(audio_s, min_window_s=self.cfg.twice_window_s)
+            if self.cfg.twice_window_s and twice > window and said_twice(text):
+                # a short window's classic failure on a short turn: the turn said twice over
+                # ("Your temporary greeting has been removed. Your temporary greeting has been
+                # removed.", "November. November"); the longer window hears it once, and is
+                # taken whatever it says ("five five" stays "5, 5")
+                window = twice
+                text, nsp, drafted, near, capped = self._short_window(audio, window, None)
             # A loop: the guard's (a third round, more words than anyone says, or decoding
             # stopped at max_length), or a phrase said twice and begun a third time as the audio
             # ends ("10 of clubs. 10 of clubs. 10" for one "10 of clubs", then end-of-text). Its
@@ -312,9 +327,6 @@ class StreamingASR:
     # earlier one of the same stretch of audio to the decoder to check in one pass
     drafts: bool = False
     workers: EngineWorkers = SHARED  # the engine's worker threads (`voice.workers`)
-    # the engine takes ``min_window_s=``: partials run ahead of need (`voice.workers.AHEAD`) get
-    # this cheaper shortest window (``asr.partial_min_window_s``); None: the engine's own
-    ahead_min_window_s: float | None = None
     pre_roll_s: float = 0.2
     max_utterance_s: float = 28.0
     _audio: list[np.ndarray] = field(default_factory=list)
@@ -405,12 +417,11 @@ class StreamingASR:
         # first) is not this hypothesis's, whose audio starts at the old cut
         fixed_n, fixed_text = self._fixed_samples, self._fixed_text
         audio = self._buffer()[fixed_n:n]
-        kw: dict[str, Any] = {}
         if self.drafts:
-            kw["draft"] = self._draft[1] if self._draft is not None and self._draft[0] == fixed_n else None
-        if priority == AHEAD and self.ahead_min_window_s is not None:
-            kw["min_window_s"] = self.ahead_min_window_s
-        res = await self.workers.run(self.transcribe, audio, priority=priority, **kw)
+            draft = self._draft[1] if self._draft is not None and self._draft[0] == fixed_n else None
+            res = await self.workers.run(self.transcribe, audio, draft=draft, priority=priority)
+        else:
+            res = await self.workers.run(self.transcribe, audio, priority=priority)
         own = res.text
         if fixed_text:
             res = replace(res, text=f"{fixed_text} {res.text}".strip())

@@ -25,16 +25,15 @@ class AsrConfig(Section):
                     "to the window); longer audio gets audio + window_margin_s, then 30 s",
     )
     min_window_s: float = Field(
-        8.0, ge=1.0, le=30.0,
-        description="adaptive window: shorter audio gets the smallest whole second ≥ audio + window_margin_s, "
-                    "not below this; set it equal to window_s for a fixed window. For a hypothesis somebody "
-                    "waits on: at a pause, the tail partial, the final transcript (short windows make Whisper "
-                    "say a short turn twice)",
-    )
-    partial_min_window_s: float = Field(
         3.0, ge=1.0, le=30.0,
-        description="min_window_s for the partials while the caller is still speaking (work done ahead, "
-                    "cheaper windows)",
+        description="adaptive window: shorter audio gets the smallest whole second ≥ audio + window_margin_s, "
+                    "not below this; set it equal to window_s for a fixed window",
+    )
+    twice_window_s: float = Field(
+        8.0, ge=0.0, le=30.0,
+        description="a short window's text that says a run of words twice over ('November. November') is "
+                    "decoded again on a window at least this long (short windows make Whisper repeat a short "
+                    "turn); 0 disables",
     )
     window_margin_s: float = Field(1.0, ge=0.2, le=5.0, description="silence after the audio inside the window")
     partial_interval_ms: int = Field(400, ge=100, le=5000)
