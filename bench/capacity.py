@@ -164,8 +164,14 @@ def plot(out: dict[str, Any], path: Path, p95_bound_ms: float) -> None:
     curve = out["curve"]
     n = [c["calls"] for c in curve]
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    ax.plot(n, [c["p50_ms"] for c in curve], "o-", label="p50 gap")
-    ax.plot(n, [c["p95_ms"] for c in curve], "s-", label="p95 gap")
+    ax.plot(n, [c["p50_ms"] for c in curve], "o-", color="C0", label="p50 gap (replay)")
+    ax.plot(n, [c["p95_ms"] for c in curve], "s-", color="C1", label="p95 gap (replay)")
+    if "sip" in out:
+        sip = out["sip"]["curve"]
+        ax.plot([c["calls"] for c in sip], [c["p50_ms"] for c in sip], "o--", color="C0", alpha=0.6,
+                label="p50 gap (SIP, sipp)")
+        ax.plot([c["calls"] for c in sip], [c["p95_ms"] for c in sip], "s--", color="C1", alpha=0.6,
+                label="p95 gap (SIP, sipp)")
     ax.axhline(p95_bound_ms, color="grey", linestyle="--", linewidth=1, label=f"p95 bound {p95_bound_ms:.0f} ms")
     for c in curve:
         ax.annotate(f"{c['cutoffs']} cut", (c["calls"], c["p95_ms"]), textcoords="offset points", xytext=(0, 6),
@@ -173,7 +179,8 @@ def plot(out: dict[str, Any], path: Path, p95_bound_ms: float) -> None:
     ax.set_xticks(n)
     ax.set_xlabel("simultaneous calls")
     ax.set_ylabel("gap from the true end (ms)")
-    ax.set_ylim(0, max(p95_bound_ms, *(c["p95_ms"] for c in curve)) * 1.15)
+    tops = [c["p95_ms"] for c in curve + (out["sip"]["curve"] if "sip" in out else [])]
+    ax.set_ylim(0, max(p95_bound_ms, *tops) * 1.15)
     ax.set_title(f"capacity {out['capacity']} ({out['cores']} cores, {out['split']} split)", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
