@@ -185,20 +185,18 @@ class WhisperEngine:
         return 30.0
 
     def transcribe(
-        self, audio: np.ndarray, window_s: float | None = None, draft: str | None = None,
-        min_window_s: float | None = None,
+        self, audio: np.ndarray, window_s: float | None = None, draft: str | None = None
     ) -> TranscriptResult:
         """Blocking. ``audio`` is float32 mono at 16 kHz. ``window_s`` fixes the window (30 =
         faster-whisper's path); by default it adapts to the audio length (`window_for`).
-        ``min_window_s`` overrides the config's shortest adaptive window. ``draft``, the text an
-        earlier hypothesis of the same audio's start gave, lets the torch decoder
+        ``draft``, the text an earlier hypothesis of the same audio's start gave, lets the torch decoder
         (``asr.draft_decoder``) check it in one pass instead of decoding it token by token; the
         text is still what greedy decoding gives, not the draft."""
         audio_s = len(audio) / SAMPLE_RATE
         t0 = time.perf_counter()
         if len(audio) == 0:
-            return TranscriptResult("", 0.0, self.window_for(0.0, window_s, min_window_s))
-        window = self.window_for(audio_s, window_s, min_window_s)
+            return TranscriptResult("", 0.0, self.window_for(0.0, window_s))
+        window = self.window_for(audio_s, window_s)
         if window < 30.0:
             text, nsp, drafted, near, capped = self._short_window(audio, window, draft)
             twice = self.window_for(audio_s, min_window_s=self.cfg.twice_window_s)
