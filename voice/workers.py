@@ -65,7 +65,7 @@ class EngineWorkers:
         self.name = name
         self.threads = threads
         self._q = _Queue(threads, f"engine-{name}") if threads else None
-        self._lock = threading.Lock() if self._q is None else self._q.cv
+        self._lock = threading.Lock()  # the shared executor's counters (a pool counts under its queue's lock)
         self.waiting = 0
         self.running = 0
 
