@@ -35,3 +35,18 @@ async def test_each_turn_is_transcribed_once(agent, call_id: str) -> None:
     for heard, text in zip(said, truth, strict=True):
         assert not said_twice(heard) or said_twice(text), (heard, text)
     assert wer(" ".join(truth), " ".join(said)) <= 0.4, said  # tiny.en: "back kick" for "backtick"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("call_id", "turn"), [("dev-012", 2), ("dev-014", 2)])
+async def test_a_long_turn_with_a_pause_is_transcribed_whole(agent, call_id: str, turn: int) -> None:
+    """A turn of 3-8 s with a pause inside: Whisper hears it as one utterance. Cut at its
+    pause and the rest transcribed alone, it lost its context ("Call for reading, after the
+    tone say your name. and then ...", "You haven't turned too many in valid. Personal
+    Identification Numbers"; `asr.segment_after_s`, docs/asr.md)."""
+    (call,) = [c for c in load_calls("dev") if c["id"] == call_id]
+    text = call["truth"]["turns"][turn]["text"]
+    pcm, rate = read_wav(call["wav"])
+    report, _ = await replay_pcm(agent, pcm, rate, fast=True)
+    best = min((t["transcript"] for t in report["turns"]), key=lambda said: wer(text, said))
+    assert wer(text, best) <= 0.1, (text, best)

@@ -38,7 +38,7 @@ class AsrConfig(Section):
     window_margin_s: float = Field(1.0, ge=0.2, le=5.0, description="silence after the audio inside the window")
     partial_interval_ms: int = Field(400, ge=100, le=5000)
     segment_after_s: float = Field(
-        3.0, ge=0.0, le=30.0,
+        8.0, ge=0.0, le=30.0,
         description="at a pause, a turn this long so far is cut: the text before keeps, only later audio is "
                     "transcribed again; 0 disables",
     )
