@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from eval_calls import load_calls  # noqa: E402
+from turn_gap import onset_kind  # noqa: E402
 
 from tests.ground_truth import audible_onsets  # noqa: E402
 from voice.audio import read_wav  # noqa: E402
@@ -64,17 +65,17 @@ def study(src: Path) -> list[dict[str, Any]]:
         rate, turns, evs = rec["rate"], rec["truth"]["turns"], rec["events"]
         track = np.load(f.with_suffix("").with_suffix(".track.npy"))
         onsets = audible_onsets(track, rate)
+        starts = [e["t"] for e in evs if e["kind"] == "speech_start" and e["t"] is not None]
         for i, turn in enumerate(turns):
             inside = [o for o in onsets if turn["start_s"] + 0.05 < o < turn["end_s"]]
             for o in inside:
-                kinds = [p["kind"] for p in turn["pauses"] if p["start_s"] <= o <= p["end_s"]]
-                resumed = max([turn["start_s"]] + [p["end_s"] for p in turn["pauses"] if p["end_s"] <= o])
+                kind = onset_kind(o, turn)
                 paused = [p for p in turn["pauses"] if p["end_s"] <= o]
+                resumed = paused[-1]["end_s"] if paused else turn["start_s"]
                 ends = [e for e in evs if e["kind"] == "endpoint" and e["t"] is not None and e["t"] <= o]
-                starts = [e["t"] for e in evs if e["kind"] == "speech_start" and e["t"] is not None]
                 rows.append({
-                    "call": f.stem, "turn": i, "kind": kinds[0] if kinds else "speech", "onset_s": round(o, 3),
-                    "after_resume_ms": None if kinds else round((o - resumed) * 1000),
+                    "call": f.stem, "turn": i, "kind": kind, "onset_s": round(o, 3),
+                    "after_resume_ms": None if kind != "speech" else round((o - resumed) * 1000),
                     "last_pause_ms": round((paused[-1]["end_s"] - paused[-1]["start_s"]) * 1000) if paused else None,
                     "last_pause_kind": paused[-1]["kind"] if paused else None,
                     "endpoint": ends[-1] if ends else None,

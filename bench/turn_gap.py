@@ -65,12 +65,18 @@ def judge(onsets: list[float], turns: list[dict[str, Any]]) -> list[dict[str, An
         inside = [o for o in onsets if turn["start_s"] + 0.05 < o < turn["end_s"]]
         cut = {"function": 0, "content": 0, "natural": 0, "join": 0, "speech": 0}
         for o in inside:
-            kinds = [p["kind"] for p in turn["pauses"] if p["start_s"] <= o <= p["end_s"]]
-            cut[kinds[0] if kinds else "speech"] += 1
+            cut[onset_kind(o, turn)] += 1
         after = [o for o in onsets if turn["end_s"] <= o < nxt]
         out.append({"gap_ms": round((after[0] - turn["end_s"]) * 1000, 1) if after else None,
                     "cut": cut, "replied": bool(after or inside), "kind": turn["kind"]})
     return out
+
+
+def onset_kind(onset: float, turn: dict[str, Any]) -> str:
+    """Where an agent onset inside a caller's turn fell: the kind of the pause it is in
+    (function, content, natural, join), or "speech"."""
+    kinds = [p["kind"] for p in turn["pauses"] if p["start_s"] <= onset <= p["end_s"]]
+    return kinds[0] if kinds else "speech"
 
 
 def true_end_stages(report_turns: list[dict[str, Any]], truth_turns: list[dict[str, Any]]) -> list[dict[str, float]]:
