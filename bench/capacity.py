@@ -44,8 +44,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from eval_calls import load_calls  # noqa: E402
 from turn_gap import judge, summary  # noqa: E402
 
-from tests.ground_truth import audible_onsets  # noqa: E402
-
 
 def rounds_for(calls: list[dict[str, Any]], n: int, per_level: int, offset: int = 0) -> list[list[dict[str, Any]]]:
     """Rounds of `n` distinct calls, cycling through the set, until `per_level` calls are covered."""
@@ -60,7 +58,7 @@ def judge_round(calls: list[dict[str, Any]], out_dir: Path) -> list[dict[str, An
     judged = []
     for call in calls:
         data, rate = sf.read(out_dir / f"{call['id']}.out.wav", dtype="int16")
-        judged += judge(audible_onsets(data[:, 1], rate), call["truth"]["turns"])
+        judged += judge(data[:, 1], rate, call["truth"]["turns"])
     return judged
 
 
@@ -98,7 +96,7 @@ async def sip_round_judged(agent: Any, rnd: list[dict[str, Any]]) -> tuple[list[
         heard, records = await sip_round(agent, rnd, Path(tmp))
     judged = []
     for c in rnd:
-        judged += judge(audible_onsets(heard[c["id"]], RATE), c["truth"]["turns"])
+        judged += judge(heard[c["id"]], RATE, c["truth"]["turns"])
     violations = sum((r.report or {}).get("summary", {}).get("violations", 0) for r in records)
     return judged, violations
 

@@ -25,6 +25,9 @@ sample of the agent's output track (an energy onset, `tests.ground_truth.audible
 - cut-off: an agent onset inside a turn, in a mid-sentence pause (inserted after a function or a
   content word, or the speaker's own silence of 250 ms or more) or during speech; an onset in a
   join between two sentences is counted apart (``joins_talked_over``);
+- overlap: for each onset inside a turn, how long the agent's sound went on after the caller
+  was speaking again (the clean source says when, after the pause it began in;
+  ``overlap_max_ms``, ``overlaps_over_150_ms``);
 - missed: a turn with no agent onset from its end to the next turn.
 
 The old VAD-based figure (from webrtcvad's last voiced frame before each onset) stays as
@@ -48,28 +51,50 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from eval_calls import load_calls  # noqa: E402
+from eval_calls import clean_calls, load_calls  # noqa: E402
 
-from tests.ground_truth import audible_onsets  # noqa: E402
+from tests.ground_truth import audible_onsets, audible_until, loud_from  # noqa: E402
 from tests.wer import wer, words  # noqa: E402
 from voice.audio import read_wav, resample  # noqa: E402
 
 RATE = 16000
 
 
-def judge(onsets: list[float], turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per turn of the truth: its gap (ms, or None), and where agent onsets fell inside it."""
+def judge(track: np.ndarray, rate: int, turns: list[dict[str, Any]],
+          clean: np.ndarray | None = None) -> list[dict[str, Any]]:
+    """Per turn of the truth: its gap (ms, or None), where agent onsets fell inside it, and for
+    each of those, how long the agent went on talking once the caller was speaking again
+    (``clean``: the call's clean 16 kHz caller track, which says when that was)."""
+    onsets = audible_onsets(track, rate)
     out = []
     for i, turn in enumerate(turns):
         nxt = turns[i + 1]["start_s"] if i + 1 < len(turns) else float("inf")
         inside = [o for o in onsets if turn["start_s"] + 0.05 < o < turn["end_s"]]
         cut = {"function": 0, "content": 0, "natural": 0, "join": 0, "speech": 0}
+        onsets_inside = []
         for o in inside:
-            cut[onset_kind(o, turn)] += 1
+            kind = onset_kind(o, turn)
+            cut[kind] += 1
+            onsets_inside.append({"turn": i, "onset_s": round(o, 2), "kind": kind,
+                                  "overlap_ms": overlap_ms(track, rate, o, turn, clean)})
         after = [o for o in onsets if turn["end_s"] <= o < nxt]
         out.append({"gap_ms": round((after[0] - turn["end_s"]) * 1000, 1) if after else None,
-                    "cut": cut, "replied": bool(after or inside), "kind": turn["kind"]})
+                    "cut": cut, "onsets_inside": onsets_inside, "replied": bool(after or inside), "kind": turn["kind"]})
     return out
+
+
+def overlap_ms(track: np.ndarray, rate: int, onset: float, turn: dict[str, Any],
+               clean: np.ndarray | None = None) -> float:
+    """How long agent sound that began inside a caller's turn went on after the caller was
+    speaking again: from the first frame of the clean caller track at the turn's energy gate,
+    at or after the end of the pause the sound began in (or the onset itself, during speech;
+    an inserted pause may run on into the speaker's own silence), else from that point. 0 when
+    the agent's sound ended first."""
+    pause_ends = [p["end_s"] for p in turn["pauses"] if p["start_s"] <= onset <= p["end_s"]]
+    resumed = pause_ends[0] if pause_ends else onset
+    if clean is not None:
+        resumed = loud_from(clean, RATE, resumed, turn["gate_dbfs"]) or resumed
+    return round(max(0.0, audible_until(track, rate, onset) - resumed) * 1000, 1)
 
 
 def onset_kind(onset: float, turn: dict[str, Any]) -> str:
@@ -116,6 +141,7 @@ def summary(judged: list[dict[str, Any]]) -> dict[str, Any]:
     gaps = [j["gap_ms"] for j in judged if j["gap_ms"] is not None]
     cut = {k: sum(j["cut"][k] for j in judged) for k in ("function", "content", "natural", "join", "speech")}
     cutoffs = cut["function"] + cut["content"] + cut["natural"] + cut["speech"]
+    overlaps = [o["overlap_ms"] for j in judged for o in j["onsets_inside"]]
     return {
         "p50_ms": pct(gaps, 50), "p95_ms": pct(gaps, 95),
         # mid-sentence pauses and speech: the cut-offs the targets allow none of
@@ -123,6 +149,9 @@ def summary(judged: list[dict[str, Any]]) -> dict[str, Any]:
         "cutoffs_after_function_word": cut["function"], "cutoffs_after_content_word": cut["content"],
         "cutoffs_in_natural_pauses": cut["natural"], "cutoffs_during_speech": cut["speech"],
         "joins_talked_over": cut["join"],
+        # each overlap's length once the caller spoke again (the target: each stopped within 150 ms)
+        "overlap_p50_ms": pct(overlaps, 50), "overlap_max_ms": max(overlaps) if overlaps else None,
+        "overlaps_over_150_ms": sum(1 for x in overlaps if x > 150),
         "missed": sum(1 for j in judged if j["gap_ms"] is None and not sum(j["cut"].values())),
         "false_cutoff_rate": round(cutoffs / max(1, len(judged)), 3),
         "gap_p50_by_kind_ms": {k: pct([j["gap_ms"] for j in judged if j["kind"] == k and j["gap_ms"] is not None], 50)
@@ -141,6 +170,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg.cache.enabled = False
     agent = await Agent.load(cfg)
     calls = load_calls(args.split)[: args.calls or None]
+    clean = {c["id"]: c["clean"] for c in clean_calls(args.split)}  # the ruler's copy of each caller
     ours_j: list[dict[str, Any]] = []
     lk_j: list[dict[str, Any]] = []
     pc_j: list[dict[str, Any]] = []
@@ -152,14 +182,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         logger.add(sys.stderr, level="WARNING")
     ours: dict[str, Any] = {"vad_gaps": [], "session_gaps": [], "stages": {}, "turns": [], "hits": 0, "spec": 0,
                             "violations": 0, "wasted_ms": 0.0, "recovered": 0, "fallbacks": 0,
-                            "wer_errors": 0.0, "wer_words": 0, "true_stages": {8000: [], 16000: []}}
+                            "wer_errors": 0.0, "wer_words": 0, "true_stages": {8000: [], 16000: []},
+                            "onsets_inside": []}
     lk_turns: list[dict[str, Any]] = []
     for call in calls:
         truth = call["truth"]
         pcm, rate = read_wav(call["wav"])
         report, track = await replay_pcm(agent, pcm, rate, fast=False)
-        judged = judge(audible_onsets(track, rate), truth["turns"])
+        judged = judge(track, rate, truth["turns"], clean[call["id"]])
         ours_j += judged
+        ours["onsets_inside"] += [{"call": call["id"]} | o for j in judged for o in j["onsets_inside"]]
         pcm16 = pcm if rate == RATE else resample(pcm, rate, RATE)
         onsets = [t["agent_audio_start_s"] for t in report["turns"] if t["agent_audio_start_s"] is not None]
         ours["vad_gaps"] += [round((on - end) * 1000, 1) for end, on in gaps(onsets, voiced_frame_ends(pcm16))]
@@ -192,7 +224,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             from pipelines.livekit_plugins.session_replay import run_livekit_session
 
             res = await run_livekit_session(agent, pcm16, cfg=cfg, keep_audio=True)
-            judged_lk = judge(audible_onsets(res["agent_audio"], RATE), truth["turns"])
+            judged_lk = judge(res["agent_audio"], RATE, truth["turns"], clean[call["id"]])
             lk_j += judged_lk
             lk_turns += [{"call": call["id"]} | t for t in res["turns"]]
             print(f"{call['id']}: livekit {[j['gap_ms'] for j in judged_lk]} "
@@ -201,7 +233,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             from pipelines.pipecat_peer import run_pipecat_session
 
             res = await run_pipecat_session(agent, pcm16, cfg=cfg)
-            judged_pc = judge(audible_onsets(res["agent_audio"], RATE), truth["turns"])
+            judged_pc = judge(res["agent_audio"], RATE, truth["turns"], clean[call["id"]])
             pc_j += judged_pc
             pc_turns += [{"call": call["id"]} | t for t in res["turns"]]
             print(f"{call['id']}: pipecat {[j['gap_ms'] for j in judged_pc]} "
@@ -223,7 +255,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                  "premature_endpoints_taken_back": ours["recovered"],
                  "speculation_wasted_s": round(ours["wasted_ms"] / 1000, 1),
                  "final_transcript_wer": round(ours["wer_errors"] / max(1, ours["wer_words"]), 3),
-                 "turns": ours["turns"]},
+                 "turns": ours["turns"],
+                 # every agent onset inside a caller's turn: where, and how long it went on over them
+                 "onsets_inside": ours["onsets_inside"]},
         "livekit": {**summary(lk_j), "turns": lk_turns} if not args.skip_livekit else None,
         "pipecat": {**summary(pc_j), "turns": pc_turns} if not args.skip_pipecat else None,
     }
@@ -244,7 +278,7 @@ def main() -> None:
     ap.add_argument("--skip-pipecat", action="store_true")
     args = ap.parse_args()
     out = asyncio.run(run(args))
-    brief = {**out, "ours": {k: v for k, v in out["ours"].items() if k != "turns"}}
+    brief = {**out, "ours": {k: v for k, v in out["ours"].items() if k not in ("turns", "onsets_inside")}}
     for peer in ("livekit", "pipecat"):
         if out[peer]:
             brief[peer] = {k: v for k, v in out[peer].items() if k != "turns"}

@@ -9,6 +9,10 @@ and the first audible agent sound in the output track, both by an energy gate.
 - `audible_onsets`: where agent audio becomes audible after at least ``quiet_s`` of quiet:
   the first 10 ms frame within ``floor_db`` of the track's loudest frame (Piper starts
   quietly: its first audible sample comes 0-50 ms after its first sample).
+- `loud_from`: where a clean caller track is next at or above a turn's energy gate (the
+  caller speaking again after a pause, wherever the pause inserted into the call ends).
+- `audible_until`: where agent audio that is audible at a time stops: the end of its last
+  audible frame before ``quiet_s`` of quiet (how long a reply went on over the caller).
 """
 
 from __future__ import annotations
@@ -61,6 +65,34 @@ def first_audible_after(track: np.ndarray, rate: int, t: float, floor_db: float 
     start = max(0, int(t / FRAME_S))
     loud = np.nonzero(db[start:] >= db.max() - floor_db)[0]
     return float((start + loud[0]) * FRAME_S) if len(loud) else None
+
+
+def loud_from(pcm: np.ndarray, rate: int, t: float, gate_dbfs: float) -> float | None:
+    """The start (s) of the first 10 ms frame of ``pcm`` at or after ``t`` whose level is at
+    least ``gate_dbfs`` (dB re int16 full scale); None when there is none."""
+    db = _frame_db(pcm, rate) - 20 * np.log10(32768.0)
+    start = max(0, int(round(t / FRAME_S)))
+    loud = np.nonzero(db[start:] >= gate_dbfs)[0]
+    return float((start + loud[0]) * FRAME_S) if len(loud) else None
+
+
+def audible_until(track: np.ndarray, rate: int, t: float, floor_db: float = 40.0, quiet_s: float = 0.6) -> float:
+    """The end (s) of the audible sound of ``track`` that goes on at or after ``t``: the end of
+    its last audible 10 ms frame before at least ``quiet_s`` of quiet (a reply's own pauses
+    are shorter: Piper's between sentences run to about 0.3 s). ``t`` itself when nothing is
+    audible from there for ``quiet_s``."""
+    db = _frame_db(track, rate)
+    start = max(0, int(t / FRAME_S))
+    if len(db) <= start or db.max() < 20:
+        return t
+    loud = np.nonzero(db[start:] >= db.max() - floor_db)[0]
+    end = t
+    for i in loud:
+        ft = (start + i) * FRAME_S
+        if ft - end > quiet_s:
+            break
+        end = ft + FRAME_S
+    return float(end)
 
 
 def gaps_from_truth(utts: list[tuple[float, float]], onsets: list[float]) -> list[float | None]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,16 @@ def _transcribed(folder: str, listing: str) -> list[Clip]:
         words = [w for w in text.split() if w not in ("<s>", "</s>")]
         out.append(Clip(_need(root / f"{clip_id}.wav"), " ".join(words)))
     return out
+
+
+def first_word_s(clip: Clip) -> float:
+    """Where the clip's first word begins (s), by the word alignment beside it (LibriVox
+    clips open with 0.2-0.3 s of room tone); 0.0 for a clip without one."""
+    ali = clip.path.with_suffix(".json")
+    if not ali.exists():
+        return 0.0
+    spoken = [w["b"] for w in json.loads(ali.read_text())["w"] if not w["t"].startswith("<")]
+    return float(spoken[0]) if spoken else 0.0
 
 
 def librivox() -> list[Clip]:

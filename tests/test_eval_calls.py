@@ -92,3 +92,31 @@ def test_truth_on_clean_audio(calls, clean):
                         assert p["end_s"] - p["start_s"] >= 0.4 - 1e-6
                         assert _db(x, p["start_s"] - 0.01, p["start_s"]) <= peak - 15, (c["id"], p)
                         assert _db(x, p["end_s"], p["end_s"] + 0.01) <= peak - 15, (c["id"], p)
+
+
+def test_ruler_finds_where_the_caller_resumes(clean):
+    """Where the caller is audible again after an inserted pause, by the turn's own gate: at or
+    after the pause's end and inside the turn (an inserted pause may run on into the
+    speaker's own silence, as JFK's "fellow Americans ... ask not" does)."""
+    from tests.ground_truth import loud_from
+
+    for c in clean["dev"]:
+        for t in c["truth"]["turns"]:
+            for p in t["pauses"]:
+                back = loud_from(c["clean"], FS, p["end_s"], t["gate_dbfs"])
+                assert back is not None and p["end_s"] - 0.01 <= back < t["end_s"], (c["id"], p, back)
+
+
+def test_ruler_finds_where_agent_speech_stops(engines) -> None:
+    """`audible_until` follows the agent's voice (Piper, clause by clause) through its short
+    pauses to its last audible sound."""
+    from tests.ground_truth import audible_onsets, audible_until, speech_end
+    from voice.audio import resample
+
+    tts = engines.tts
+    voice = np.concatenate(list(tts.synthesize_chunks("Sure, I can help. What is the order number?")))
+    pcm = resample(voice, tts.sample_rate, FS)
+    track = np.concatenate([np.zeros(FS, np.int16), pcm, np.zeros(FS, np.int16)])
+    onset = audible_onsets(track, FS)[0]
+    assert audible_until(track, FS, onset) == pytest.approx(speech_end(track, FS), abs=0.03)
+    assert audible_until(track, FS, 0.2) == 0.2  # nothing audible from there on for 0.8 s

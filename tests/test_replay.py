@@ -37,7 +37,8 @@ def _clips() -> list[speech.Clip]:
 
 @pytest.mark.slow
 async def test_multi_turn_call_fast_mode(agent, tmp_path) -> None:
-    pcm, bounds = build_call(_clips())
+    clips = _clips()
+    pcm, bounds = build_call(clips)
     report, track = await replay_pcm(agent, pcm, RATE, fast=True)
     turns = report["turns"]
     # one reply per caller turn, and the turns match the utterances
@@ -57,12 +58,13 @@ async def test_multi_turn_call_fast_mode(agent, tmp_path) -> None:
         assert ("llm_steps" in turn["stages"]) == (turn["cache"]["state"] != "hit"), turn["cache"]
     assert report["summary"]["answered"] == len(bounds)
     # the agent never starts speaking while the caller speaks; where the caller starts over a
-    # reply still playing (a barge-in), the reply stops within barge_in_min_ms (+ 150 ms)
+    # reply still playing (a barge-in), the reply stops within barge_in_min_ms (+ 150 ms) of
+    # the caller's first word (the clip's room tone before it is no speech to stop for)
     voiced = np.nonzero(np.abs(track.astype(np.int32)) > 64)[0] / RATE
     stop_s = agent.cfg.turn.barge_in_min_ms / 1000 + 0.15
-    for lo, hi, _ in bounds:
+    for clip, (lo, hi, _) in zip(clips, bounds, strict=True):
         inside = voiced[(voiced > lo + 0.05) & (voiced < hi - 0.05)]
-        assert not len(inside) or inside.max() < lo + stop_s, "agent spoke over the caller"
+        assert not len(inside) or inside.max() < lo + speech.first_word_s(clip) + stop_s, "agent spoke over the caller"
         starts = [t["agent_audio_start_s"] for t in turns if lo + 0.05 < t["agent_audio_start_s"] < hi - 0.05]
         assert not starts, "agent started speaking while the caller spoke"
     # each reply is speech that starts after its turn and ends before the next one
