@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from eval_calls import load_calls  # noqa: E402
+from eval_calls import clean_calls, load_calls  # noqa: E402
 from turn_gap import judge, summary  # noqa: E402
 
 
@@ -58,7 +58,7 @@ def judge_round(calls: list[dict[str, Any]], out_dir: Path) -> list[dict[str, An
     judged = []
     for call in calls:
         data, rate = sf.read(out_dir / f"{call['id']}.out.wav", dtype="int16")
-        judged += judge(data[:, 1], rate, call["truth"]["turns"])
+        judged += judge(data[:, 1], rate, call["truth"]["turns"], call.get("clean"))
     return judged
 
 
@@ -96,7 +96,7 @@ async def sip_round_judged(agent: Any, rnd: list[dict[str, Any]]) -> tuple[list[
         heard, records = await sip_round(agent, rnd, Path(tmp))
     judged = []
     for c in rnd:
-        judged += judge(heard[c["id"]], RATE, c["truth"]["turns"])
+        judged += judge(heard[c["id"]], RATE, c["truth"]["turns"], c.get("clean"))
     violations = sum((r.report or {}).get("summary", {}).get("violations", 0) for r in records)
     return judged, violations
 
@@ -116,6 +116,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg.cache.enabled = False  # the set's clips recur across calls: measure fresh replies
     cfg.agent.max_calls = max(cfg.agent.max_calls, *args.levels)
     calls = load_calls(args.split)
+    clean = {c["id"]: c["clean"] for c in clean_calls(args.split)}  # the ruler's copy of each caller
+    calls = [c | {"clean": clean[c["id"]]} for c in calls]
     t_load = time.monotonic()
     agent = await Agent.load(cfg)
     print(f"engines loaded in {time.monotonic() - t_load:.1f} s; {len(calls)} calls in {args.split}", flush=True)
@@ -137,6 +139,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 j = summary(judged)
                 row = {"calls": n, "p50_ms": j["p50_ms"], "p95_ms": j["p95_ms"], "cutoffs": j["cutoffs"],
                        "missed": j["missed"], "turns": len(judged), "joins_talked_over": j["joins_talked_over"],
+                       "overlap_max_ms": j["overlap_max_ms"],
                        "violations": violations, "cpu": round(cpu_s / wall_s, 3),
                        "rss_mb": round(current_rss_mb(), 1)}
                 curves[leg].append(row)

@@ -25,9 +25,9 @@ sample of the agent's output track (an energy onset, `tests.ground_truth.audible
 - cut-off: an agent onset inside a turn, in a mid-sentence pause (inserted after a function or a
   content word, or the speaker's own silence of 250 ms or more) or during speech; an onset in a
   join between two sentences is counted apart (``joins_talked_over``);
-- overlap: for each onset inside a turn, how long the agent's sound went on after the caller
-  was speaking again (the clean source says when, after the pause it began in;
-  ``overlap_max_ms``, ``overlaps_over_150_ms``);
+- overlap: for each onset inside a turn, how long the agent's sound went on while the caller
+  spoke (from when the clean source is audible again after the pause it began in, to the end
+  of the agent's sound or of the turn; ``overlap_max_ms``, ``overlaps_over_150_ms``);
 - missed: a turn with no agent onset from its end to the next turn.
 
 The old VAD-based figure (from webrtcvad's last voiced frame before each onset) stays as
@@ -85,16 +85,18 @@ def judge(track: np.ndarray, rate: int, turns: list[dict[str, Any]],
 
 def overlap_ms(track: np.ndarray, rate: int, onset: float, turn: dict[str, Any],
                clean: np.ndarray | None = None) -> float:
-    """How long agent sound that began inside a caller's turn went on after the caller was
-    speaking again: from the first frame of the clean caller track at the turn's energy gate,
-    at or after the end of the pause the sound began in (or the onset itself, during speech;
-    an inserted pause may run on into the speaker's own silence), else from that point. 0 when
-    the agent's sound ended first."""
+    """How long agent sound that began inside a caller's turn went on while the caller spoke:
+    from the caller speaking again (the first frame of the clean caller track at the turn's
+    energy gate, at or after the end of the pause the sound began in, or the onset itself
+    during speech; an inserted pause may run on into the speaker's own silence) to the end of
+    the agent's sound or of the caller's turn, whichever came first. 0 when the agent's sound
+    ended before the caller went on."""
     pause_ends = [p["end_s"] for p in turn["pauses"] if p["start_s"] <= onset <= p["end_s"]]
     resumed = pause_ends[0] if pause_ends else onset
     if clean is not None:
         resumed = loud_from(clean, RATE, resumed, turn["gate_dbfs"]) or resumed
-    return round(max(0.0, audible_until(track, rate, onset) - resumed) * 1000, 1)
+    stopped = min(audible_until(track, rate, onset), turn["end_s"])
+    return round(max(0.0, stopped - resumed) * 1000, 1)
 
 
 def onset_kind(onset: float, turn: dict[str, Any]) -> str:
