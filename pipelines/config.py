@@ -70,6 +70,9 @@ class TurnConfig(Section):
     takeback_ms: int = Field(
         600, ge=0, le=5000, description="a caller who speaks again this soon after the reply became audible goes on "
                                         "with their turn: the reply stops at once and the turn is answered whole")
+    takeback_on_voiced: bool = Field(
+        True, description="take a reply back at the caller's first voiced frame in the take-back window, "
+                          "not at the VAD's speech start")
     barge_in_min_ms: int = Field(300, ge=0, le=3000, description="caller speech shorter than this is a backchannel")
     fallback: bool = False
     fallback_text: str = "Mm-hmm."

@@ -286,26 +286,11 @@ class CallSession(SpeculationPath):
     def _on_speech_start(self, t: float) -> None:
         self.bus.emit(SpeechStart(self.session_id, t))
         self._speech_run_start = t
-        if self.utt is not None and self._committed and (not self._reply_audible(t) or self._just_heard(t)):
+        if self.utt is not None and self._committed and self._may_take_back(t):
             # The caller went on before our reply was heard, or just after it began (they were
             # joining a second sentence, not answering it): the endpoint was premature. Take the
             # reply back (and stop it, if it was playing) and continue the same turn.
-            self._cancel_response()
-            if self._unannounced is self.utt:
-                self._unannounced = None  # the turn goes on: not final yet
-            if self._playing is self.utt:
-                self.output.interrupt()
-                self._playing = None
-                if self.history and self.history[-1][0] == self.utt.transcript:
-                    self.history.pop()
-            self.utt.response = self.utt.heard_response = ""
-            self.utt.agent_audio_start_s = self.utt.gap_ms = None
-            self.utt.stages.clear()
-            self.utt.violations.clear()
-            self.turns = [x for x in self.turns if x is not self.utt]
-            self._committed = False
-            self.cutoffs_recovered += 1
-            self._restore_held_audio()
+            self._take_back()
             self.endpointer.caller_resumed_after((t - self.utt.user_speech_end_s) * 1000, self.utt.transcript)
             self._in_pause = False
             return
@@ -332,6 +317,31 @@ class CallSession(SpeculationPath):
         self.asr.reset(self._frame_t - pre_s)
         for p in preroll:
             self.asr.insert_audio(p)
+
+    def _may_take_back(self, t: float) -> bool:
+        """Caller sound from call time ``t`` makes the committed turn's endpoint premature: the
+        reply had not been heard by then, or had only just begun (`_just_heard`)."""
+        return not self._reply_audible(t) or self._just_heard(t)
+
+    def _take_back(self) -> None:
+        """Withdraw the committed turn's reply (stopping it, if it plays) and reopen the turn."""
+        assert self.utt is not None
+        self._cancel_response()
+        if self._unannounced is self.utt:
+            self._unannounced = None  # the turn goes on: not final yet
+        if self._playing is self.utt:
+            self.output.interrupt()
+            self._playing = None
+            if self.history and self.history[-1][0] == self.utt.transcript:
+                self.history.pop()
+        self.utt.response = self.utt.heard_response = ""
+        self.utt.agent_audio_start_s = self.utt.gap_ms = None
+        self.utt.stages.clear()
+        self.utt.violations.clear()
+        self.turns = [x for x in self.turns if x is not self.utt]
+        self._committed = False
+        self.cutoffs_recovered += 1
+        self._restore_held_audio()
 
     def _restore_held_audio(self) -> None:
         """A committed turn taken back: the audio heard since the commit went to the preroll,
@@ -365,6 +375,14 @@ class CallSession(SpeculationPath):
     def _on_voiced(self, t: float) -> None:
         if self.utt is None:
             return
+        frame_start = t - self.cfg.vad.frame_ms / 1000.0
+        if self._committed and self.cfg.turn.takeback_on_voiced and self._may_take_back(frame_start):
+            # The caller's first voiced frame after a commit, while the reply is unheard or just
+            # begun: withdraw it now, not at the VAD's speech start 40 ms later (by then a reply
+            # committed as the caller went on was audible: most cut-offs "in speech"). The pause
+            # holds, its silence counting from this frame: a lone click re-commits after the
+            # rule's wait, speech resumes the turn (`_caller_resumed`).
+            self._take_back()
         if self._in_pause and not self._committed:
             # The caller's last syllable, a click on the line, or the start of more speech: the
             # VAD's speech start says which (`_caller_resumed`). Until then the pause holds, and

@@ -335,6 +335,52 @@ async def test_cutoff_taken_back_when_caller_goes_on_before_reply_is_heard() -> 
     assert len(report["turns"]) == 1 and report["turns"][0]["transcript"] == "Hello. is this the help desk?"
 
 
+async def _reply_start(segs: list[Seg], cfg: AgentConfig) -> float:
+    """When the reply to ``segs`` alone first sounds."""
+    session, *_ = make_session(segs, cfg)
+    await play_script(session, segs, 4.0)
+    return (await session.close())["turns"][0]["agent_audio_start_s"]
+
+
+@pytest.mark.parametrize("on_voiced", [True, False])
+async def test_reply_is_withdrawn_at_the_callers_first_voiced_frame(on_voiced: bool) -> None:
+    # "Hello." commits; the caller goes on in the frame its reply starts to sound in
+    cfg = AgentConfig()
+    cfg.turn.takeback_on_voiced = on_voiced
+    first = [Seg(0.5, 1.2, "Hello.")]
+    start = await _reply_start(first, cfg)
+    on = round(start / 0.02) * 0.02 - 0.02
+    segs = [*first, Seg(on, on + 0.8, "is this the help desk?")]
+    session, out, *_ = make_session(segs, cfg)
+    await play_script(session, segs, 5.0)
+    report = await session.close()
+    assert session.cutoffs_recovered == 1
+    assert [t["transcript"] for t in report["turns"]] == ["Hello. is this the help desk?"]
+    heard = np.nonzero(out.track[int(on * RATE): int((on + 0.5) * RATE)])[0]
+    heard_s = (heard.max() - heard.min() + 1) / RATE
+    buffer_s = cfg.output.buffer_ms / 1000
+    if on_voiced:  # withdrawn at that frame: only what the output buffer held still played
+        assert heard_s <= buffer_s + 1e-6
+    else:  # stopped at the VAD's speech start, two frames later
+        assert buffer_s < heard_s <= cfg.vad.start_ms / 1000 + buffer_s
+
+
+async def test_a_click_just_after_the_commit_withdraws_the_reply_and_the_turn_is_answered_after_the_wait() -> None:
+    cfg = AgentConfig()
+    first = [Seg(0.5, 1.2, "Hello.")]
+    start = await _reply_start(first, cfg)
+    click = round(start / 0.02) * 0.02 - 0.02
+    segs = [*first, Seg(click, click + 0.02, "")]  # one voiced frame, no VAD speech start
+    session, *_ = make_session(segs, cfg)
+    await play_script(session, segs, 5.0)
+    report = await session.close()
+    assert session.cutoffs_recovered == 1
+    assert len(report["turns"]) == 1 and report["turns"][0]["transcript"].strip() == "Hello."
+    # committed again once the rule's wait has run from the click
+    wait = Endpointer(cfg.turn).required_silence_ms("Hello.") / 1000
+    assert report["turns"][0]["agent_audio_start_s"] >= click + 0.02 + wait - 0.02
+
+
 async def test_barge_in_stops_agent_audio_and_keeps_only_heard_part() -> None:
     cfg = AgentConfig()
     long_reply = "Let me explain the whole process to you step by step, it takes a while. First you log in."
