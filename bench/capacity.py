@@ -42,7 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from eval_calls import clean_calls, load_calls  # noqa: E402
-from turn_gap import judge, summary  # noqa: E402
+from turn_gap import RATE, judge, summary  # noqa: E402
+
+from tests.ground_truth import levels_dbfs  # noqa: E402
 
 
 def rounds_for(calls: list[dict[str, Any]], n: int, per_level: int, offset: int = 0) -> list[list[dict[str, Any]]]:
@@ -58,7 +60,7 @@ def judge_round(calls: list[dict[str, Any]], out_dir: Path) -> list[dict[str, An
     judged = []
     for call in calls:
         data, rate = sf.read(out_dir / f"{call['id']}.out.wav", dtype="int16")
-        judged += judge(data[:, 1], rate, call["truth"]["turns"], call.get("clean"))
+        judged += judge(data[:, 1], rate, call["truth"]["turns"], call.get("caller_db"))
     return judged
 
 
@@ -96,7 +98,7 @@ async def sip_round_judged(agent: Any, rnd: list[dict[str, Any]]) -> tuple[list[
         heard, records = await sip_round(agent, rnd, Path(tmp))
     judged = []
     for c in rnd:
-        judged += judge(heard[c["id"]], RATE, c["truth"]["turns"], c.get("clean"))
+        judged += judge(heard[c["id"]], RATE, c["truth"]["turns"], c.get("caller_db"))
     violations = sum((r.report or {}).get("summary", {}).get("violations", 0) for r in records)
     return judged, violations
 
@@ -116,8 +118,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg.cache.enabled = False  # the set's clips recur across calls: measure fresh replies
     cfg.agent.max_calls = max(cfg.agent.max_calls, *args.levels)
     calls = load_calls(args.split)
-    clean = {c["id"]: c["clean"] for c in clean_calls(args.split)}  # the ruler's copy of each caller
-    calls = [c | {"clean": clean[c["id"]]} for c in calls]
+    # the ruler's copy of each caller: its clean track's frame levels (not the tracks: RSS is measured)
+    caller_db = {c["id"]: levels_dbfs(c["clean"], RATE) for c in clean_calls(args.split)}
+    calls = [c | {"caller_db": caller_db[c["id"]]} for c in calls]
     t_load = time.monotonic()
     agent = await Agent.load(cfg)
     print(f"engines loaded in {time.monotonic() - t_load:.1f} s; {len(calls)} calls in {args.split}", flush=True)

@@ -53,7 +53,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from eval_calls import clean_calls, load_calls  # noqa: E402
 
-from tests.ground_truth import audible_onsets, audible_until, loud_from  # noqa: E402
+from tests.ground_truth import audible_onsets, audible_until, levels_dbfs, loud_from  # noqa: E402
 from tests.wer import wer, words  # noqa: E402
 from voice.audio import read_wav, resample  # noqa: E402
 
@@ -61,10 +61,11 @@ RATE = 16000
 
 
 def judge(track: np.ndarray, rate: int, turns: list[dict[str, Any]],
-          clean: np.ndarray | None = None) -> list[dict[str, Any]]:
+          caller_db: np.ndarray | None = None) -> list[dict[str, Any]]:
     """Per turn of the truth: its gap (ms, or None), where agent onsets fell inside it, and for
     each of those, how long the agent went on talking once the caller was speaking again
-    (``clean``: the call's clean 16 kHz caller track, which says when that was)."""
+    (``caller_db``: the frame levels of the call's clean caller track, `levels_dbfs`, which
+    say when that was)."""
     onsets = audible_onsets(track, rate)
     out = []
     for i, turn in enumerate(turns):
@@ -76,7 +77,7 @@ def judge(track: np.ndarray, rate: int, turns: list[dict[str, Any]],
             kind = onset_kind(o, turn)
             cut[kind] += 1
             onsets_inside.append({"turn": i, "onset_s": round(o, 2), "kind": kind,
-                                  "overlap_ms": overlap_ms(track, rate, o, turn, clean)})
+                                  "overlap_ms": overlap_ms(track, rate, o, turn, caller_db)})
         after = [o for o in onsets if turn["end_s"] <= o < nxt]
         out.append({"gap_ms": round((after[0] - turn["end_s"]) * 1000, 1) if after else None,
                     "cut": cut, "onsets_inside": onsets_inside, "replied": bool(after or inside), "kind": turn["kind"]})
@@ -84,7 +85,7 @@ def judge(track: np.ndarray, rate: int, turns: list[dict[str, Any]],
 
 
 def overlap_ms(track: np.ndarray, rate: int, onset: float, turn: dict[str, Any],
-               clean: np.ndarray | None = None) -> float:
+               caller_db: np.ndarray | None = None) -> float:
     """How long agent sound that began inside a caller's turn went on while the caller spoke:
     from the caller speaking again (the first frame of the clean caller track at the turn's
     energy gate, at or after the end of the pause the sound began in, or the onset itself
@@ -93,8 +94,8 @@ def overlap_ms(track: np.ndarray, rate: int, onset: float, turn: dict[str, Any],
     ended before the caller went on."""
     pause_ends = [p["end_s"] for p in turn["pauses"] if p["start_s"] <= onset <= p["end_s"]]
     resumed = pause_ends[0] if pause_ends else onset
-    if clean is not None:
-        resumed = loud_from(clean, RATE, resumed, turn["gate_dbfs"]) or resumed
+    if caller_db is not None:
+        resumed = loud_from(caller_db, resumed, turn["gate_dbfs"]) or resumed
     stopped = min(audible_until(track, rate, onset), turn["end_s"])
     return round(max(0.0, stopped - resumed) * 1000, 1)
 
@@ -172,7 +173,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg.cache.enabled = False
     agent = await Agent.load(cfg)
     calls = load_calls(args.split)[: args.calls or None]
-    clean = {c["id"]: c["clean"] for c in clean_calls(args.split)}  # the ruler's copy of each caller
+    # the ruler's copy of each caller: its clean track's frame levels
+    caller_db = {c["id"]: levels_dbfs(c["clean"], RATE) for c in clean_calls(args.split)}
     ours_j: list[dict[str, Any]] = []
     lk_j: list[dict[str, Any]] = []
     pc_j: list[dict[str, Any]] = []
@@ -191,7 +193,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         truth = call["truth"]
         pcm, rate = read_wav(call["wav"])
         report, track = await replay_pcm(agent, pcm, rate, fast=False)
-        judged = judge(track, rate, truth["turns"], clean[call["id"]])
+        judged = judge(track, rate, truth["turns"], caller_db[call["id"]])
         ours_j += judged
         ours["onsets_inside"] += [{"call": call["id"]} | o for j in judged for o in j["onsets_inside"]]
         pcm16 = pcm if rate == RATE else resample(pcm, rate, RATE)
@@ -226,7 +228,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             from pipelines.livekit_plugins.session_replay import run_livekit_session
 
             res = await run_livekit_session(agent, pcm16, cfg=cfg, keep_audio=True)
-            judged_lk = judge(res["agent_audio"], RATE, truth["turns"], clean[call["id"]])
+            judged_lk = judge(res["agent_audio"], RATE, truth["turns"], caller_db[call["id"]])
             lk_j += judged_lk
             lk_turns += [{"call": call["id"]} | t for t in res["turns"]]
             print(f"{call['id']}: livekit {[j['gap_ms'] for j in judged_lk]} "
@@ -235,7 +237,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             from pipelines.pipecat_peer import run_pipecat_session
 
             res = await run_pipecat_session(agent, pcm16, cfg=cfg)
-            judged_pc = judge(res["agent_audio"], RATE, truth["turns"], clean[call["id"]])
+            judged_pc = judge(res["agent_audio"], RATE, truth["turns"], caller_db[call["id"]])
             pc_j += judged_pc
             pc_turns += [{"call": call["id"]} | t for t in res["turns"]]
             print(f"{call['id']}: pipecat {[j['gap_ms'] for j in judged_pc]} "

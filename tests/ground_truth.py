@@ -9,8 +9,9 @@ and the first audible agent sound in the output track, both by an energy gate.
 - `audible_onsets`: where agent audio becomes audible after at least ``quiet_s`` of quiet:
   the first 10 ms frame within ``floor_db`` of the track's loudest frame (Piper starts
   quietly: its first audible sample comes 0-50 ms after its first sample).
-- `loud_from`: where a clean caller track is next at or above a turn's energy gate (the
-  caller speaking again after a pause, wherever the pause inserted into the call ends).
+- `loud_from`: where a clean caller track (its frame levels, `levels_dbfs`) is next at or
+  above a turn's energy gate (the caller speaking again after a pause, wherever the pause
+  inserted into the call ends).
 - `audible_until`: where agent audio that is audible at a time stops: the end of its last
   audible frame before ``quiet_s`` of quiet (how long a reply went on over the caller).
 """
@@ -67,12 +68,17 @@ def first_audible_after(track: np.ndarray, rate: int, t: float, floor_db: float 
     return float((start + loud[0]) * FRAME_S) if len(loud) else None
 
 
-def loud_from(pcm: np.ndarray, rate: int, t: float, gate_dbfs: float) -> float | None:
-    """The start (s) of the first 10 ms frame of ``pcm`` at or after ``t`` whose level is at
-    least ``gate_dbfs`` (dB re int16 full scale); None when there is none."""
-    db = _frame_db(pcm, rate) - 20 * np.log10(32768.0)
+def levels_dbfs(pcm: np.ndarray, rate: int) -> np.ndarray:
+    """The level of each 10 ms frame of ``pcm`` in dB re int16 full scale (small: what
+    `loud_from` reads, kept instead of a whole clean track)."""
+    return (_frame_db(pcm, rate) - 20 * np.log10(32768.0)).astype(np.float32)
+
+
+def loud_from(levels: np.ndarray, t: float, gate_dbfs: float) -> float | None:
+    """The start (s) of the first 10 ms frame at or after ``t`` whose level (`levels_dbfs`) is
+    at least ``gate_dbfs``; None when there is none."""
     start = max(0, int(round(t / FRAME_S)))
-    loud = np.nonzero(db[start:] >= gate_dbfs)[0]
+    loud = np.nonzero(levels[start:] >= gate_dbfs)[0]
     return float((start + loud[0]) * FRAME_S) if len(loud) else None
 
 

@@ -98,12 +98,13 @@ def test_ruler_finds_where_the_caller_resumes(clean):
     """Where the caller is audible again after an inserted pause, by the turn's own gate: at or
     after the pause's end and inside the turn (an inserted pause may run on into the
     speaker's own silence, as JFK's "fellow Americans ... ask not" does)."""
-    from tests.ground_truth import loud_from
+    from tests.ground_truth import levels_dbfs, loud_from
 
     for c in clean["dev"]:
+        levels = levels_dbfs(c["clean"], FS)
         for t in c["truth"]["turns"]:
             for p in t["pauses"]:
-                back = loud_from(c["clean"], FS, p["end_s"], t["gate_dbfs"])
+                back = loud_from(levels, p["end_s"], t["gate_dbfs"])
                 assert back is not None and p["end_s"] - 0.01 <= back < t["end_s"], (c["id"], p, back)
 
 

@@ -169,9 +169,11 @@ async def test_report_gap_is_the_gap_the_caller_hears(agent, rate: int) -> None:
     onsets = audible_onsets(track, rate)
     turns = report["turns"]
     assert len(turns) == len(bounds)
-    for turn, (lo, _, _), end in zip(turns, bounds, true_ends, strict=True):
-        # no agent sound starts while the caller is speaking
-        assert not [o for o in onsets if lo < o < end - 0.02], "agent sound inside the caller's turn"
+    for turn, clip, (lo, _, _), end in zip(turns, clips, bounds, true_ends, strict=True):
+        # no agent sound starts while the caller is speaking (from their first word: a reply's
+        # next clause may still start in the room tone before it)
+        spoke = lo + speech.first_word_s(clip)
+        assert not [o for o in onsets if spoke < o < end - 0.02], "agent sound inside the caller's turn"
         # the reply's first audible sound in the output track (a sound just before it, say of
         # a reply taken back, must not hide its start)
         heard = first_audible_after(track, rate, turn["agent_audio_start_s"] - 0.02)
