@@ -335,11 +335,13 @@ async def test_cutoff_taken_back_when_caller_goes_on_before_reply_is_heard() -> 
     assert len(report["turns"]) == 1 and report["turns"][0]["transcript"] == "Hello. is this the help desk?"
 
 
-async def _reply_start(segs: list[Seg], cfg: AgentConfig) -> float:
-    """When the reply to ``segs`` alone first sounds."""
+async def _frame_before_reply(segs: list[Seg], cfg: AgentConfig) -> float:
+    """The start of the 20 ms frame before the one in which the reply to ``segs`` alone first
+    sounds."""
     session, *_ = make_session(segs, cfg)
     await play_script(session, segs, 4.0)
-    return (await session.close())["turns"][0]["agent_audio_start_s"]
+    start = (await session.close())["turns"][0]["agent_audio_start_s"]
+    return round(start / 0.02) * 0.02 - 0.02
 
 
 @pytest.mark.parametrize("on_voiced", [True, False])
@@ -348,8 +350,7 @@ async def test_reply_is_withdrawn_at_the_callers_first_voiced_frame(on_voiced: b
     cfg = AgentConfig()
     cfg.turn.takeback_on_voiced = on_voiced
     first = [Seg(0.5, 1.2, "Hello.")]
-    start = await _reply_start(first, cfg)
-    on = round(start / 0.02) * 0.02 - 0.02
+    on = await _frame_before_reply(first, cfg)
     segs = [*first, Seg(on, on + 0.8, "is this the help desk?")]
     session, out, *_ = make_session(segs, cfg)
     await play_script(session, segs, 5.0)
@@ -368,8 +369,7 @@ async def test_reply_is_withdrawn_at_the_callers_first_voiced_frame(on_voiced: b
 async def test_a_click_just_after_the_commit_withdraws_the_reply_and_the_turn_is_answered_after_the_wait() -> None:
     cfg = AgentConfig()
     first = [Seg(0.5, 1.2, "Hello.")]
-    start = await _reply_start(first, cfg)
-    click = round(start / 0.02) * 0.02 - 0.02
+    click = await _frame_before_reply(first, cfg)
     segs = [*first, Seg(click, click + 0.02, "")]  # one voiced frame, no VAD speech start
     session, *_ = make_session(segs, cfg)
     await play_script(session, segs, 5.0)
