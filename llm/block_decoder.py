@@ -14,7 +14,8 @@ For each block of ``block`` positions, all masks at first:
   parallel commits cannot stutter ("I I", "the the"); ``no_repeat_ngram`` (3): nor a token
   that would say again an n-gram the reply already holds ("to go to go to", a sentence said
   twice), the loop a small greedy LM falls into;
-- the reply ends at the first end-of-turn token with nothing masked before it;
+- the reply ends at the first end-of-turn token with nothing masked before it, and not before
+  ``min_tokens`` tokens (a one-word "Hey!" to a caller's "Hello?");
 - a finished block enters the cache in the same forward pass as the next block's first
   denoising pass (its rows causal, the new block's rows seeing it), so caching costs no
   pass of its own;
@@ -45,6 +46,7 @@ class BlockOptions:
     tau: float = 0.9
     max_passes: int = 8  # per block
     max_tokens: int = 32
+    min_tokens: int = 0  # no end of turn before this many reply tokens
     no_adjacent_repeat: bool = True
     no_repeat_ngram: int = 3  # 0: allowed
     deadline: float | None = None  # absolute time.perf_counter() value
@@ -174,7 +176,7 @@ class BlockDiffusionDecoder:
             for k in range(top_t.shape[1]):
                 t = int(top_t[i, k])
                 if t in ends:
-                    if i == leftmost:
+                    if i == leftmost and len(said) + i >= opts.min_tokens:
                         return t, float(top_p[i, k])
                 elif (not opts.no_adjacent_repeat or t not in (left, right)) and t not in banned:
                     return t, float(top_p[i, k])

@@ -110,7 +110,8 @@ class Responder:
 
     def block_options(self, deadline: float | None = None, **overrides: object) -> BlockOptions:
         kw: dict[str, object] = {"block": self.cfg.block_len, "tau": self.cfg.tau, "max_passes": self.cfg.steps,
-                                 "max_tokens": self.cfg.max_tokens, "deadline": deadline}
+                                 "max_tokens": self.cfg.max_tokens, "min_tokens": self.cfg.min_tokens,
+                                 "deadline": deadline}
         kw.update(overrides)
         return BlockOptions(**kw)  # type: ignore[arg-type]
 

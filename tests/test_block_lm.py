@@ -75,6 +75,15 @@ def test_commit_rules(parts) -> None:  # noqa: ANN001
     block = [a, None, None, None]
     dec._commit(block, conf, _probs([{}, {sp.eot: 0.6}, {c: 0.99}, {d: 0.99}], v), opts, False, [])
     assert block == [a, sp.eot, None, None]
+    # not before min_tokens reply tokens: the end's runner-up is taken there instead
+    block = [a, None, None, None]
+    dec._commit(block, conf, _probs([{}, {sp.eot: 0.6, c: 0.3}, {}, {}], v), BlockOptions(block=4, min_tokens=3),
+                False, [d])
+    assert block[:2] == [a, c]
+    block = [a, None, None, None]
+    dec._commit(block, conf, _probs([{}, {sp.eot: 0.6, c: 0.3}, {}, {}], v), BlockOptions(block=4, min_tokens=3),
+                False, [d, c])
+    assert block[:2] == [a, sp.eot]
     # two neighbours never take the same token: the second waits, or takes its second best
     rows = [{a: 0.95}, {a: 0.97, c: 0.02}, {d: 0.5}, {d: 0.4}]
     block = [None] * 4
