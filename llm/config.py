@@ -89,6 +89,8 @@ class LlmConfig(_Section):
     def _steps(self) -> LlmConfig:
         if self.min_steps > self.steps:
             raise ValueError("min_steps must not exceed steps")
+        if self.min_tokens > self.max_tokens:
+            raise ValueError("min_tokens must not exceed max_tokens")
         if self.backend == "openai" and self.openai is None:
             raise ValueError("llm.openai (base_url, model) is required when llm.backend is openai")
         return self

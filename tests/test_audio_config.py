@@ -82,6 +82,8 @@ def test_config_rejects_unknown_and_invalid_keys(tmp_path) -> None:
         parse_config({"vad": {"agressiveness": 2}})
     with pytest.raises(ConfigError, match=r"llm\.steps"):
         parse_config({"llm": {"steps": 0}})
+    with pytest.raises(ConfigError, match=r"llm.*min_tokens must not exceed max_tokens"):
+        parse_config({"llm": {"min_tokens": 40, "max_tokens": 32}})
     with pytest.raises(ConfigError, match="budgets"):
         parse_config({"budgets": {"llm_block_ms": 5000}})
     bad = tmp_path / "c.yaml"
