@@ -41,10 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from eval_calls import clean_calls, load_calls  # noqa: E402
-from turn_gap import RATE, judge, summary  # noqa: E402
-
-from tests.ground_truth import levels_dbfs  # noqa: E402
+from eval_calls import load_calls  # noqa: E402
+from turn_gap import caller_levels, judge, summary  # noqa: E402
 
 
 def rounds_for(calls: list[dict[str, Any]], n: int, per_level: int, offset: int = 0) -> list[list[dict[str, Any]]]:
@@ -118,8 +116,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg.cache.enabled = False  # the set's clips recur across calls: measure fresh replies
     cfg.agent.max_calls = max(cfg.agent.max_calls, *args.levels)
     calls = load_calls(args.split)
-    # the ruler's copy of each caller: its clean track's frame levels (not the tracks: RSS is measured)
-    caller_db = {c["id"]: levels_dbfs(c["clean"], RATE) for c in clean_calls(args.split)}
+    caller_db = caller_levels(args.split)
     calls = [c | {"caller_db": caller_db[c["id"]]} for c in calls]
     t_load = time.monotonic()
     agent = await Agent.load(cfg)

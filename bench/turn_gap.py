@@ -60,6 +60,12 @@ from voice.audio import read_wav, resample  # noqa: E402
 RATE = 16000
 
 
+def caller_levels(split: str) -> dict[str, np.ndarray]:
+    """The ruler's copy of each caller of ``split``: its clean track's 10 ms frame levels
+    (`levels_dbfs`; the levels, not the tracks, so a bench that measures RSS does not hold them)."""
+    return {c["id"]: levels_dbfs(c["clean"], RATE) for c in clean_calls(split)}
+
+
 def judge(track: np.ndarray, rate: int, turns: list[dict[str, Any]],
           caller_db: np.ndarray | None = None) -> list[dict[str, Any]]:
     """Per turn of the truth: its gap (ms, or None), where agent onsets fell inside it, and for
@@ -173,8 +179,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg.cache.enabled = False
     agent = await Agent.load(cfg)
     calls = load_calls(args.split)[: args.calls or None]
-    # the ruler's copy of each caller: its clean track's frame levels
-    caller_db = {c["id"]: levels_dbfs(c["clean"], RATE) for c in clean_calls(args.split)}
+    caller_db = caller_levels(args.split)
     ours_j: list[dict[str, Any]] = []
     lk_j: list[dict[str, Any]] = []
     pc_j: list[dict[str, Any]] = []
