@@ -32,6 +32,7 @@ from llm import block_lm
 from llm.architectures import new_ar, new_mdlm
 from llm.data import Pair, all_pairs, distilled_replies, grammatical_replies, reply_key, sgd_pairs, split_pairs
 from llm.persona import persona_pairs
+from llm.persona_service import service_pairs
 from llm.quality import repeats
 from llm.tokenizer import ChatTokenizer, train_tokenizer
 
@@ -137,6 +138,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="seed of the data order only (default --seed); a continued run sets a new one so it does not "
                          "replay the batches of the run it continues, while the held-out split stays fixed")
     ap.add_argument("--extra-persona", type=int, default=0, help="extra copies of the generated call persona slice")
+    ap.add_argument("--service", type=int, default=0,
+                    help="pairs per group of the generated customer-service slice (llm.persona_service), added after "
+                         "the filters: its replies all parse (tests/test_persona_service.py)")
     ap.add_argument("--sgd", action="store_true", help="add the Schema-Guided Dialogue pairs (llm/corpus) to training")
     ap.add_argument("--grammatical", action="store_true",
                     help="train only on replies that parse under link-grammar and do not stutter "
@@ -189,6 +193,8 @@ def main(argv: list[str] | None = None) -> None:
                 if seen[p.response] <= args.distill_cap:
                     capped.append(p)
             train_pairs = capped
+    if args.service:
+        train_pairs += service_pairs(args.seed + 2, per_group=args.service)
     if args.tokenizer:
         tok = ChatTokenizer.load(args.tokenizer)
     else:
@@ -257,11 +263,13 @@ def main(argv: list[str] | None = None) -> None:
             "minutes": round((time.monotonic() - start) / 60, 2), "batch": args.batch, "lr": args.lr,
             "pad_weight": args.pad_weight, "seed": args.seed, "order_seed": args.order_seed, "threads": args.threads,
             "bf16_autocast": args.bf16,
-            "train_pairs": len(data), "extra_persona": args.extra_persona, "init": str(args.init or ""),
+            "train_pairs": len(data), "extra_persona": args.extra_persona,
+            "service_per_group": args.service, "init": str(args.init or ""),
             "grammatical_only": args.grammatical, "distilled": args.distill, "distill_cap": args.distill_cap,
             "heldout": HELDOUT, "prompt_len": PROMPT_LEN, "block_len": BLOCK_LEN,
             "loss_curve": [round(sum(c) / len(c), 4) for c in (losses[i : i + 100] for i in range(0, step, 100))],
             "data": ["chitchat-dataset 0.9.0 (MIT)", "chatterbot-corpus 1.3.3 (BSD)", "llm.persona (generated)"]
+            + (["llm.persona_service (generated)"] if args.service else [])
             + (["Schema-Guided Dialogue (CC BY-SA 4.0), llm/corpus/sgd_pairs.jsonl.gz"] if args.sgd else []),
             **({"blocks": blocks, "ar_weight": args.ar_weight} if args.arch == "bdlm" else {}),
         }
