@@ -51,6 +51,7 @@ class BlockOptions:
     no_repeat_ngram: int = 3  # 0: allowed
     deadline: float | None = None  # absolute time.perf_counter() value
     overrun_s: float = 0.06  # after the deadline, how long a sentence may take to finish
+    guidance: float = 0.0  # w: logits (1 + w) * given the prompt - w * given no words (0: off)
 
     def __post_init__(self) -> None:
         if self.block < 1 or self.max_passes < 1 or self.max_tokens < 1:
@@ -66,38 +67,81 @@ class BlockDiffusionDecoder:
         self.sentence_ends = sentence_ends or set()  # tokens that end a sentence
         self._never = torch.tensor(sorted({special.mask, special.pad, *special.forbidden}))
 
-    def _forward(self, ids: list[int], start_pos: int, cache: DynamicCache, causal_rows: int) -> torch.Tensor:
+    def _forward(self, ids: list[int], start_pos: int, cache: DynamicCache, causal_rows: int,
+                 rows: list[tuple[int, int]] | None = None) -> torch.Tensor:
         """Runs ``ids`` at positions ``start_pos...`` against ``cache``; the first
         ``causal_rows`` rows are causal (a finished block entering the cache), the rest see
-        each other and those rows. Returns the hidden states [len(ids), H]."""
+        each other and those rows. Returns the hidden states [len(ids), H].
+
+        ``rows``: a batch of sequences sharing ``ids`` (a guided reply's prompted and unprompted
+        readings), one ``(start_pos, dead)`` each, ``dead`` the cache's leading key columns
+        that row must not see (the padding in front of a shorter prompt). Returns [B, len(ids), H]."""
         q, past = len(ids), cache.get_seq_length()
         mask = torch.ones((1, 1, q, past + q), dtype=torch.bool)
         if causal_rows:
             mask[0, 0, :causal_rows, past : past + causal_rows] = torch.tril(
                 torch.ones((causal_rows, causal_rows), dtype=torch.bool))
             mask[0, 0, :causal_rows, past + causal_rows :] = False
+        if rows is None:
+            out = self.model.transformer(
+                input_ids=torch.tensor([ids]), attention_mask=mask,
+                position_ids=torch.arange(start_pos, start_pos + q)[None], cache=cache, use_cache=True,
+            )
+            return out.last_hidden_state[0]
+        mask = mask.repeat(len(rows), 1, 1, 1)
+        for r, (_, dead) in enumerate(rows):
+            mask[r, 0, :, :dead] = False
         out = self.model.transformer(
-            input_ids=torch.tensor([ids]), attention_mask=mask,
-            position_ids=torch.arange(start_pos, start_pos + q)[None], cache=cache, use_cache=True,
+            input_ids=torch.tensor([ids] * len(rows)), attention_mask=mask,
+            position_ids=torch.stack([torch.arange(p, p + q) for p, _ in rows]), cache=cache, use_cache=True,
         )
-        return out.last_hidden_state[0]
+        return out.last_hidden_state
 
-    def _probs(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.model.lm_head(hidden).float()
+    def _guided_prompt(self, prompt: list[int], unprompted: list[int], cache: DynamicCache) -> torch.Tensor:
+        """The prompt and the unprompted prompt in one batch of two, the shorter padded in front
+        (its padding sees only itself and is never seen). Returns the last hidden state of each."""
+        q, pad = len(prompt), len(prompt) - len(unprompted)
+        ids = torch.tensor([prompt, [self.special.pad] * pad + unprompted])
+        mask = torch.tril(torch.ones((q, q), dtype=torch.bool))[None, None].repeat(2, 1, 1, 1)
+        mask[1, 0, :, :pad] = False
+        mask[1, 0, :pad, :pad] = torch.eye(pad, dtype=torch.bool)
+        pos = torch.stack([torch.arange(q), (torch.arange(q) - pad).clamp_min(0)])
+        out = self.model.transformer(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
+                                     use_cache=True)
+        return out.last_hidden_state[:, -1]
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(hidden).float()
+
+    def _probs(self, logits: torch.Tensor, w: float) -> torch.Tensor:
+        """``logits`` [P, V], or [2, P, V] for a guided reply: the prompted reading pushed away
+        from the unprompted one by ``w`` (raw logits do: a row's constant shift cancels)."""
+        if logits.dim() == 3:
+            logits = (1.0 + w) * logits[0] - w * logits[1]
         logits[:, self._never] = float("-inf")
         return logits.softmax(-1)
 
     @torch.no_grad()
     def generate(
-        self, prompt: list[int], opts: BlockOptions, should_stop: Callable[[], bool] | None = None
+        self, prompt: list[int], opts: BlockOptions, should_stop: Callable[[], bool] | None = None,
+        unprompted: list[int] | None = None,
     ) -> BlockResult:
+        """``unprompted``: the prompt with its words taken out (``<bos> <agent>``), read beside
+        it when ``opts.guidance`` is set (classifier-free guidance: what the caller's words make
+        likelier than any reply would be, weighted up)."""
         sp, b = self.special, opts.block
         ends = set(sp.end_ids)
         t0 = time.perf_counter()
         stats = DecodeStats()
+        guided = opts.guidance > 0.0 and unprompted is not None and len(unprompted) <= len(prompt)
         cache = DynamicCache()
-        h = self._forward(prompt, 0, cache, causal_rows=len(prompt))
-        first = self._probs(h[-1:])[0]  # scores the next block's first position
+        if guided:
+            assert unprompted is not None
+            rows = [(len(prompt), 0), (len(unprompted), len(prompt) - len(unprompted))]
+            first = self._logits(self._guided_prompt(prompt, unprompted, cache))[:, None]  # [2, 1, V]
+        else:
+            h = self._forward(prompt, 0, cache, causal_rows=len(prompt))
+            first = self._logits(h[-1:])  # scores the next block's first position
         stats.steps += 1
         stats.step_times.append(time.perf_counter() - t0)
         out: list[int] = []
@@ -113,13 +157,19 @@ class BlockDiffusionDecoder:
                     raise DecodeCancelled()
                 ts = time.perf_counter()
                 ids = pending + [sp.mask if t is None else t for t in block]
-                hb = self._forward(ids, len(prompt) + len(out) - len(pending), cache, causal_rows=len(pending))
+                done_n = len(out) - len(pending)
+                if guided:
+                    hb = self._forward(ids, 0, cache, causal_rows=len(pending),
+                                       rows=[(start + done_n, dead) for start, dead in rows])
+                else:
+                    hb = self._forward(ids, len(prompt) + done_n, cache, causal_rows=len(pending))
                 cache.crop(-n)  # keep the finished block, drop the noisy one
                 if pending:
-                    first = self._probs(hb[len(pending) - 1 : len(pending)])[0]
+                    first = self._logits(hb[..., len(pending) - 1 : len(pending), :])
                     pending = []
-                hb = hb[-n:]
-                probs = torch.cat([first[None], self._probs(hb[:-1])]) if n > 1 else first[None]
+                hb = hb[..., -n:, :]
+                logits = torch.cat([first, self._logits(hb[..., :-1, :])], dim=-2) if n > 1 else first
+                probs = self._probs(logits, opts.guidance)
                 now = time.perf_counter()
                 late = opts.deadline is not None and now >= opts.deadline
                 fill_all = pass_no == opts.max_passes - 1

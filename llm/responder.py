@@ -111,7 +111,7 @@ class Responder:
     def block_options(self, deadline: float | None = None, **overrides: object) -> BlockOptions:
         kw: dict[str, object] = {"block": self.cfg.block_len, "tau": self.cfg.tau, "max_passes": self.cfg.steps,
                                  "max_tokens": self.cfg.max_tokens, "min_tokens": self.cfg.min_tokens,
-                                 "deadline": deadline}
+                                 "guidance": self.cfg.guidance, "deadline": deadline}
         kw.update(overrides)
         return BlockOptions(**kw)  # type: ignore[arg-type]
 
@@ -156,7 +156,8 @@ class Responder:
         stop = cancel.is_set if cancel else None
         prompt = self._prompt(user_text, history)
         if self.blocks is not None:
-            res = self.blocks.generate(prompt, self.block_options(deadline, **overrides), should_stop=stop)
+            res = self.blocks.generate(prompt, self.block_options(deadline, **overrides), should_stop=stop,
+                                       unprompted=[prompt[0], prompt[-1]])  # <bos> <agent>: no words
         else:
             res = generate_block(self.lm.logits_fn, prompt, self.lm.special, self.options(deadline, **overrides),
                                  should_stop=stop)

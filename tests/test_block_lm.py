@@ -146,3 +146,34 @@ def test_no_token_says_a_trigram_again(parts) -> None:  # noqa: ANN001
     dec._commit(block := [None] * 4, conf, _probs(rows, v), BlockOptions(block=4, no_repeat_ngram=0), False,
                 [to, go, to, go])
     assert block[0] == to
+
+
+@torch.no_grad()
+def test_guided_batch_reads_each_prompt_as_if_alone(parts) -> None:  # noqa: ANN001
+    """Guidance reads the block against the prompt and against ``<bos> <agent>`` in one batch
+    of two, the short prompt padded in front: each row must see exactly what it would alone."""
+    _, tok, dec = parts
+    sp = tok.special
+    prompt = tok.prompt_ids("I forgot my password again.", 32)
+    bare = [prompt[0], prompt[-1]]
+    both = DynamicCache()
+    last = dec._guided_prompt(prompt, bare, both)
+    block = [sp.mask, tok.encode(" reset")[-1], sp.mask]
+    rows = [(len(prompt), 0), (len(bare), len(prompt) - len(bare))]
+    batched = dec._forward(block, 0, both, causal_rows=0, rows=rows)
+    for r, p in enumerate((prompt, bare)):
+        alone = DynamicCache()
+        h = dec._forward(p, 0, alone, causal_rows=len(p))
+        assert torch.allclose(last[r], h[-1], atol=1e-4)
+        assert torch.allclose(batched[r], dec._forward(block, len(p), alone, causal_rows=0), atol=1e-4)
+
+
+def test_guidance_changes_replies_only_when_asked(parts) -> None:  # noqa: ANN001
+    _, tok, dec = parts
+    prompt = tok.prompt_ids("Can I change my booking?", 32)
+    bare = [prompt[0], prompt[-1]]
+    plain = dec.generate(prompt, BlockOptions())
+    assert dec.generate(prompt, BlockOptions(), unprompted=bare).ids == plain.ids  # guidance 0: off
+    guided = dec.generate(prompt, BlockOptions(guidance=0.5), unprompted=bare)
+    assert guided.ids and tok.special.mask not in guided.ids
+    assert guided.stats.steps == 1 + len(guided.stats.tokens_per_step)
