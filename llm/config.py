@@ -76,7 +76,7 @@ class LlmConfig(_Section):
     max_tokens: int = Field(32, ge=1, le=256, description="bdlm: the longest reply, in tokens")
     min_tokens: int = Field(3, ge=0, le=256, description="bdlm: no end of turn before this many reply tokens")
     guidance: float = Field(
-        0.0, ge=0.0, le=4.0, description="bdlm: classifier-free guidance weight, the caller's words against none "
+        0.5, ge=0.0, le=4.0, description="bdlm: classifier-free guidance weight, the caller's words against none "
         "(0: off; each pass then reads the block twice)")
     threads: int = Field(1, ge=1, le=16)
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
