@@ -6,6 +6,9 @@ For each block of ``block`` positions, all masks at first:
 - a pass runs the block against the cached keys and values of the prompt and the finished
   blocks (bidirectional inside the block); the first position is scored by the last
   finished position, the others by the position before them (shifted, as in training);
+- with ``guidance`` w > 0, the pass also reads the block after ``<bos> <agent>`` alone (one
+  batch of two rows) and scores ``(1 + w) * prompted - w * unprompted`` (classifier-free
+  guidance): replies about the caller's words rather than stock ones;
 - every masked position whose most likely token has probability >= ``tau`` is committed,
   and always at least the most confident one (Fast-dLLM's threshold rule): a confident
   model fills a block in one or two passes, an unsure one falls back to one token a pass,
