@@ -77,7 +77,7 @@ class LlmConfig(_Section):
     min_tokens: int = Field(3, ge=0, le=256, description="bdlm: no end of turn before this many reply tokens")
     guidance: float = Field(
         0.5, ge=0.0, le=4.0, description="bdlm: classifier-free guidance weight, the caller's words against none "
-        "(0: off; each pass then reads the block twice)")
+        "(0: off; on, each pass reads the block after both, as a batch of two)")
     threads: int = Field(1, ge=1, le=16)
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="weights and activations; auto: bfloat16 where the CPU multiplies it natively (AMX or "
