@@ -70,28 +70,24 @@ class BlockDiffusionDecoder:
         self.sentence_ends = sentence_ends or set()  # tokens that end a sentence
         self._never = torch.tensor(sorted({special.mask, special.pad, *special.forbidden}))
 
-    def _forward(self, ids: list[int], start_pos: int, cache: DynamicCache, causal_rows: int,
-                 rows: list[tuple[int, int]] | None = None) -> torch.Tensor:
+    def _forward(self, ids: list[int], start_pos: int, cache: DynamicCache, causal_rows: int) -> torch.Tensor:
         """Runs ``ids`` at positions ``start_pos...`` against ``cache``; the first
         ``causal_rows`` rows are causal (a finished block entering the cache), the rest see
-        each other and those rows. Returns the hidden states [len(ids), H].
+        each other and those rows. Returns the hidden states [len(ids), H]."""
+        return self._forward_rows(ids, cache, causal_rows, [(start_pos, 0)])[0]
 
-        ``rows``: a batch of sequences sharing ``ids`` (a guided reply's prompted and unprompted
-        readings), one ``(start_pos, dead)`` each, ``dead`` the cache's leading key columns
-        that row must not see (the padding in front of a shorter prompt). Returns [B, len(ids), H]."""
+    def _forward_rows(self, ids: list[int], cache: DynamicCache, causal_rows: int,
+                      rows: list[tuple[int, int]]) -> torch.Tensor:
+        """`_forward` for a batch of sequences sharing ``ids`` (a guided reply's prompted and
+        unprompted readings): one ``(start_pos, dead)`` per row, ``dead`` the cache's leading key
+        columns that row must not see (the padding in front of a shorter prompt). Returns
+        [len(rows), len(ids), H]."""
         q, past = len(ids), cache.get_seq_length()
-        mask = torch.ones((1, 1, q, past + q), dtype=torch.bool)
+        mask = torch.ones((len(rows), 1, q, past + q), dtype=torch.bool)
         if causal_rows:
-            mask[0, 0, :causal_rows, past : past + causal_rows] = torch.tril(
+            mask[:, 0, :causal_rows, past : past + causal_rows] = torch.tril(
                 torch.ones((causal_rows, causal_rows), dtype=torch.bool))
-            mask[0, 0, :causal_rows, past + causal_rows :] = False
-        if rows is None:
-            out = self.model.transformer(
-                input_ids=torch.tensor([ids]), attention_mask=mask,
-                position_ids=torch.arange(start_pos, start_pos + q)[None], cache=cache, use_cache=True,
-            )
-            return out.last_hidden_state[0]
-        mask = mask.repeat(len(rows), 1, 1, 1)
+            mask[:, 0, :causal_rows, past + causal_rows :] = False
         for r, (_, dead) in enumerate(rows):
             mask[r, 0, :, :dead] = False
         out = self.model.transformer(
@@ -117,10 +113,9 @@ class BlockDiffusionDecoder:
         return self.model.lm_head(hidden).float()
 
     def _probs(self, logits: torch.Tensor, w: float) -> torch.Tensor:
-        """``logits`` [P, V], or [2, P, V] for a guided reply: the prompted reading pushed away
-        from the unprompted one by ``w`` (raw logits do: a row's constant shift cancels)."""
-        if logits.dim() == 3:
-            logits = (1.0 + w) * logits[0] - w * logits[1]
+        """``logits`` [1, P, V], or [2, P, V] for a guided reply: the prompted reading pushed
+        away from the unprompted one by ``w`` (raw logits do: a row's constant shift cancels)."""
+        logits = (1.0 + w) * logits[0] - w * logits[1] if len(logits) == 2 else logits[0]
         logits[:, self._never] = float("-inf")
         return logits.softmax(-1)
 
@@ -138,13 +133,15 @@ class BlockDiffusionDecoder:
         stats = DecodeStats()
         guided = opts.guidance > 0.0 and unprompted is not None and len(unprompted) <= len(prompt)
         cache = DynamicCache()
+        # each row's (position of the reply's first token, padding in front of its prompt)
+        rows = [(len(prompt), 0)]
         if guided:
             assert unprompted is not None
-            rows = [(len(prompt), 0), (len(unprompted), len(prompt) - len(unprompted))]
-            first = self._logits(self._guided_prompt(prompt, unprompted, cache))[:, None]  # [2, 1, V]
+            rows.append((len(unprompted), len(prompt) - len(unprompted)))
+            first = self._logits(self._guided_prompt(prompt, unprompted, cache))[:, None]
         else:
-            h = self._forward(prompt, 0, cache, causal_rows=len(prompt))
-            first = self._logits(h[-1:])  # scores the next block's first position
+            first = self._logits(self._forward_rows(prompt, cache, len(prompt), [(0, 0)])[:, -1:])
+        # ``first`` [rows, 1, V] scores the next block's first position
         stats.steps += 1
         stats.step_times.append(time.perf_counter() - t0)
         out: list[int] = []
@@ -161,17 +158,13 @@ class BlockDiffusionDecoder:
                 ts = time.perf_counter()
                 ids = pending + [sp.mask if t is None else t for t in block]
                 done_n = len(out) - len(pending)
-                if guided:
-                    hb = self._forward(ids, 0, cache, causal_rows=len(pending),
-                                       rows=[(start + done_n, dead) for start, dead in rows])
-                else:
-                    hb = self._forward(ids, len(prompt) + done_n, cache, causal_rows=len(pending))
+                hb = self._forward_rows(ids, cache, len(pending), [(start + done_n, dead) for start, dead in rows])
                 cache.crop(-n)  # keep the finished block, drop the noisy one
                 if pending:
-                    first = self._logits(hb[..., len(pending) - 1 : len(pending), :])
+                    first = self._logits(hb[:, len(pending) - 1 : len(pending)])
                     pending = []
-                hb = hb[..., -n:, :]
-                logits = torch.cat([first, self._logits(hb[..., :-1, :])], dim=-2) if n > 1 else first
+                hb = hb[:, -n:]
+                logits = torch.cat([first, self._logits(hb[:, :-1])], dim=1) if n > 1 else first
                 probs = self._probs(logits, opts.guidance)
                 now = time.perf_counter()
                 late = opts.deadline is not None and now >= opts.deadline

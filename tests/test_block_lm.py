@@ -160,7 +160,7 @@ def test_guided_batch_reads_each_prompt_as_if_alone(parts) -> None:  # noqa: ANN
     last = dec._guided_prompt(prompt, bare, both)
     block = [sp.mask, tok.encode(" reset")[-1], sp.mask]
     rows = [(len(prompt), 0), (len(bare), len(prompt) - len(bare))]
-    batched = dec._forward(block, 0, both, causal_rows=0, rows=rows)
+    batched = dec._forward_rows(block, both, 0, rows)
     for r, p in enumerate((prompt, bare)):
         alone = DynamicCache()
         h = dec._forward(p, 0, alone, causal_rows=len(p))
