@@ -66,3 +66,8 @@ def cards() -> list[Clip]:
 def hello_8k() -> Path:
     """8 kHz recorded speech (no transcript) from Debian linphone-common."""
     return _need(CACHE / "linphone-common/hello8000.wav")
+
+
+def allison(name: str) -> Path:
+    """One of Allison Smith's Asterisk prompts (CC BY-SA 3.0), e.g. ``letters/ascii59`` ("semicolon")."""
+    return _need(CACHE / f"asterisk-core-sounds-en-wav/en_US_f_Allison/{name}.wav")

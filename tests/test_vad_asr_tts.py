@@ -11,8 +11,9 @@ import pytest
 from pipelines.config import AsrConfig
 from tests import speech
 from tests.wer import wer
-from voice.asr import StreamingASR, agreed_prefix, deloop, looks_degenerate, said_twice
+from voice.asr import StreamingASR, WhisperEngine, agreed_prefix, deloop, looks_degenerate, said_twice
 from voice.audio import AudioFrame, frames_of, read_wav, resample
+from voice.transports.sip.g711 import PCMU
 from voice.vad import VadSegmenter, WebRtcVad
 
 ASR_WER_BOUND = 0.25  # tiny.en int8 on these clips; measured 0.05-0.15
@@ -78,6 +79,26 @@ def test_a_window_whisper_calls_no_speech_gives_no_words(engines) -> None:
     for c in [*speech.librivox(), *speech.cards()]:
         pcm = read_wav(c.path, 16000)[0].astype(np.float32) / 32768
         assert engines.asr.transcribe(np.concatenate([lead, pcm])).text, c.path.name
+
+
+@pytest.mark.slow
+def test_a_short_word_on_a_phone_line_is_not_taken_for_no_speech(engines) -> None:
+    # "semicolon" (1.3 s, 0.9 s of it sound) through the 8 kHz band with G.711 and a line's
+    # noise floor: the fitted 3 s window calls it no speech (0.70-0.87), the 30 s window's
+    # second look hears the word (under 0.15); the line's noise alone stays no words.
+    rng = np.random.default_rng(0)
+
+    def line(x: np.ndarray) -> np.ndarray:
+        x = x + rng.standard_normal(len(x)) * 32768 * 10 ** (-57 / 20)
+        tel = PCMU.decode(PCMU.encode(np.clip(np.round(x), -32768, 32767).astype(np.int16)))
+        return resample(tel, 8000, 16000).astype(np.float32) / 32768
+
+    word = line(np.concatenate([np.zeros(1200), read_wav(speech.allison("letters/ascii59"), 8000)[0]]))
+    without = WhisperEngine(AsrConfig(second_look=False))
+    assert without.transcribe(word).text == ""
+    heard = engines.asr.transcribe(word)
+    assert "semi" in heard.text.lower() and heard.no_speech_prob < 0.5, heard
+    assert engines.asr.transcribe(line(np.zeros(8000))).text == ""
 
 
 def test_adaptive_window_fits_the_audio(engines) -> None:

@@ -35,6 +35,12 @@ class AsrConfig(Section):
                     "decoded again on a window at least this long (short windows make Whisper repeat a short "
                     "turn); 0 disables",
     )
+    second_look: bool = Field(
+        True,
+        description="a short window Whisper calls no speech is decoded again on the 30 s window, whose words are "
+                    "kept when it hears speech (a short word such as 'semicolon' on a phone line); about 0.35 s of "
+                    "ASR compute on each such window",
+    )
     window_margin_s: float = Field(1.0, ge=0.2, le=5.0, description="silence after the audio inside the window")
     partial_interval_ms: int = Field(400, ge=100, le=5000)
     segment_after_s: float = Field(
