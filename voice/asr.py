@@ -15,6 +15,7 @@ with scripted hypotheses.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
     from voice.whisper_decoder import TorchWhisperDecoder
 
 SAMPLE_RATE = 16000
+
+
+log = logging.getLogger(__name__)
 
 
 class AsrLoadError(RuntimeError):
@@ -54,6 +58,9 @@ NO_SPEECH_SURE = 0.8
 # clips' first words, short windows 0.92-0.99 and the 30 s window 0.79-0.95. The 30 s
 # window's words are kept under this
 SECOND_LOOK_NO_SPEECH = 0.5
+# and only on a window long enough to hold a word after the session's 0.2 s of pre-roll (the
+# first partials of a turn, 0.1-0.2 s of audio, are not worth 0.35 s of the 30 s window)
+SECOND_LOOK_MIN_S = 0.4
 
 
 @dataclass
@@ -301,7 +308,7 @@ class WhisperEngine:
             # a click, a breath or a cough that Whisper would still put words on ("Perfect.",
             # "Yeah.", "Thank you."): no words, as faster-whisper's own path gives for it;
             # unless the 30 s window, which is not fooled by a short word, hears speech
-            if self.cfg.second_look and window < 30.0:
+            if self.cfg.second_look and window < 30.0 and len(audio) >= SECOND_LOOK_MIN_S * SAMPLE_RATE:
                 text, nsp30 = self._second_look(audio)
                 if text:
                     return text, nsp30, 0, (None, 0.0), False
@@ -325,9 +332,9 @@ class WhisperEngine:
                 suppress_blank=True, suppress_tokens=[-1], return_no_speech_prob=True, repetition_penalty=1.1,
             )[0]
         nsp = float(res.no_speech_prob)
-        if nsp >= SECOND_LOOK_NO_SPEECH:
-            return "", nsp
-        return self.tokenizer.decode([t for t in res.sequences_ids[0] if t < self.tokenizer.eot]).strip(), nsp
+        text = self.tokenizer.decode([t for t in res.sequences_ids[0] if t < self.tokenizer.eot]).strip()
+        log.debug("asr second look on %.2f s: no-speech %.2f, %r", len(audio) / SAMPLE_RATE, nsp, text)
+        return ("", nsp) if nsp >= SECOND_LOOK_NO_SPEECH else (text, nsp)
 
 
 @dataclass
