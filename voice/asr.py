@@ -256,10 +256,29 @@ class WhisperEngine:
     def _short_window(
         self, audio: np.ndarray, window: float, draft: str | None
     ) -> tuple[str, float, int, tuple[str | None, float], bool]:
+        d = self._decode(audio, window, draft)
+        if (d.nsp > NO_SPEECH_PROB and d.avg_logprob < NO_SPEECH_LOGPROB) or d.nsp >= NO_SPEECH_SURE:
+            # a click, a breath or a cough that Whisper would still put words on ("Perfect.",
+            # "Yeah.", "Thank you."): no words, as faster-whisper's own path gives for it;
+            # unless the 30 s window, which is not fooled by a short word, hears speech (not by
+            # faster-whisper's rule there: it keeps a breath's "Thank you." at no-speech 0.79
+            # and log-probability -0.89)
+            if self.cfg.second_look and window < 30.0 and len(audio) >= SECOND_LOOK_MIN_S * SAMPLE_RATE:
+                again = self._decode(audio, 30.0, None)
+                log.debug("asr second look on %.2f s: no-speech %.2f -> %.2f, %r",
+                          len(audio) / SAMPLE_RATE, d.nsp, again.nsp, again.text)
+                if again.nsp < SECOND_LOOK_NO_SPEECH:
+                    return again.text, again.nsp, 0, (None, 0.0), again.capped
+            return "", d.nsp, d.drafted, (None, 0.0), False
+        return d.text, d.nsp, d.drafted, d.near, d.capped
+
+    def _decode(self, audio: np.ndarray, window: float, draft: str | None) -> _Decoded:
+        """Greedy decoding of ``audio`` on a ``window`` s window (the draft decoder's check of
+        ``draft`` where there is one, else CTranslate2's own pass), no rule applied."""
         fe = self.model.feature_extractor
         n = int(window * SAMPLE_RATE)
         padded = np.zeros(n, dtype=np.float32)
-        padded[: len(audio)] = audio[:n]
+        padded[: min(len(audio), n)] = audio[:n]
         feats = fe(padded)[:, : int(window * 100)]
         prompt = list(self.tokenizer.sot_sequence) + [self.tokenizer.no_timestamps]
         # nobody says more than ~6 tokens a second: a loop stops there, and costs little
@@ -304,37 +323,17 @@ class WhisperEngine:
                 capped = len(prompt) + len(tokens) >= max_length - 1
                 avg_logprob = res.scores[0] * k / (k + 1)  # as faster-whisper computes it (length penalty 1)
                 nsp = float(res.no_speech_prob)
-        if (nsp > NO_SPEECH_PROB and avg_logprob < NO_SPEECH_LOGPROB) or nsp >= NO_SPEECH_SURE:
-            # a click, a breath or a cough that Whisper would still put words on ("Perfect.",
-            # "Yeah.", "Thank you."): no words, as faster-whisper's own path gives for it;
-            # unless the 30 s window, which is not fooled by a short word, hears speech
-            if self.cfg.second_look and window < 30.0 and len(audio) >= SECOND_LOOK_MIN_S * SAMPLE_RATE:
-                text, nsp30 = self._second_look(audio)
-                if text:
-                    return text, nsp30, 0, (None, 0.0), False
-            return "", nsp, drafted, (None, 0.0), False
-        return self.tokenizer.decode(tokens).strip(), nsp, drafted, near, capped
+        return _Decoded(self.tokenizer.decode(tokens).strip(), nsp, avg_logprob, drafted, near, capped)
 
-    def _second_look(self, audio: np.ndarray) -> tuple[str, float]:
-        """``audio`` greedy-decoded on the 30 s window: its text, or "" when that window's
-        no-speech probability is not under `SECOND_LOOK_NO_SPEECH`; and that probability.
-        (faster-whisper's own path keeps a breath's "Thank you." at no-speech 0.79 with a
-        log-probability of -0.89, so its rule is not the one used here.)"""
-        n = int(30.0 * SAMPLE_RATE)
-        padded = np.zeros(n, dtype=np.float32)
-        padded[: min(len(audio), n)] = audio[:n]
-        feats = self.model.feature_extractor(padded)[:, :3000]
-        prompt = list(self.tokenizer.sot_sequence) + [self.tokenizer.no_timestamps]
-        with self._lock:
-            res = self.model.model.generate(
-                self.model.encode(feats), [prompt], beam_size=self.cfg.beam_size,
-                max_length=min(448, len(prompt) + int(6 * len(audio) / SAMPLE_RATE) + 10),
-                suppress_blank=True, suppress_tokens=[-1], return_no_speech_prob=True, repetition_penalty=1.1,
-            )[0]
-        nsp = float(res.no_speech_prob)
-        text = self.tokenizer.decode([t for t in res.sequences_ids[0] if t < self.tokenizer.eot]).strip()
-        log.debug("asr second look on %.2f s: no-speech %.2f, %r", len(audio) / SAMPLE_RATE, nsp, text)
-        return ("", nsp) if nsp >= SECOND_LOOK_NO_SPEECH else (text, nsp)
+
+@dataclass(frozen=True)
+class _Decoded:
+    text: str
+    nsp: float  # no-speech probability
+    avg_logprob: float
+    drafted: int
+    near: tuple[str | None, float]
+    capped: bool
 
 
 @dataclass
