@@ -73,9 +73,6 @@ class TurnConfig(Section):
     takeback_on_voiced: bool = Field(
         True, description="take a reply back at the caller's first voiced frame in the take-back window, "
                           "not at the VAD's speech start")
-    hold_while_sounding: bool = Field(
-        True, description="a turn does not commit while the caller's last 20 ms is audible (over the level gate): "
-                          "a caller going on after a pause is audible 10-20 ms before webrtcvad calls it voiced")
     barge_in_min_ms: int = Field(300, ge=0, le=3000, description="caller speech shorter than this is a backchannel")
     fallback: bool = False
     fallback_text: str = "Mm-hmm."

@@ -590,12 +590,6 @@ class CallSession(SpeculationPath):
             required = self.endpointer.required_silence_ms(None, audio_prob=audio_prob)
             reason = "no-hypothesis"
         if silence_ms >= required:
-            if (self.cfg.turn.hold_while_sounding and silence_ms < self.cfg.turn.max_silence_ms
-                    and self._levels.sounding()):
-                # the caller's sound is back (going on, or a click): webrtcvad calls a soft
-                # onset voiced 10-20 ms after this level gate does, and a reply committed now
-                # is audible before that. Wait for the next frame's word.
-                return
             self._commit(silence_ms, "max" if required >= self.cfg.turn.max_silence_ms else reason)
             if text is not None and self.utt is not None:
                 self.utt.endpoint["required_ms"] = round(required, 1)

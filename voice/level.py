@@ -63,7 +63,8 @@ class LevelTrack:
         frames = [(e, d) for e, d in self._frames if vad_end - lookback_s < e <= vad_end + lookahead_s]
         if not frames:
             return vad_end
-        gate = self._gate(floor_db)
+        dbs = np.array([d for _, d in self._frames])
+        gate = max(dbs.max() - floor_db, _noise_floor(dbs) + 10.0)
         last = None
         for end, db in frames:
             if db < gate:
@@ -72,22 +73,6 @@ class LevelTrack:
                 break  # sound after a real silence is not this turn's tail
             last = end
         return last if last is not None else vad_end
-
-    def sounding(self, frames: int = 2, floor_db: float = 40.0) -> bool:
-        """Is any of the last ``frames`` 10 ms frames audible (`last_audible`'s gate)? The caller
-        going on after a pause is audible here 10-20 ms before webrtcvad calls a frame voiced."""
-        if len(self._frames) < frames:
-            return False
-        gate = self._gate(floor_db)
-        return any(self._frames[-1 - i][1] >= gate for i in range(frames))
-
-    def _gate(self, floor_db: float) -> float:
-        return audible_gate(np.array([d for _, d in self._frames]), floor_db)
-
-
-def audible_gate(db: np.ndarray, floor_db: float) -> float:
-    """Audible: within ``floor_db`` of the loudest frame and 10 dB over the noise floor."""
-    return max(db.max() - floor_db, _noise_floor(db) + 10.0)
 
 
 def _noise_floor(db: np.ndarray) -> float:
@@ -119,7 +104,7 @@ class LevelGate:
             return True
         if self._since >= 10 or self._gate == -np.inf:  # the floor moves slowly: every 100 ms
             a = np.fromiter(self._db, float)
-            self._gate = audible_gate(a, self.floor_db)
+            self._gate = max(a.max() - self.floor_db, _noise_floor(a) + 10.0)
             self._since = 0
         return bool(len(dbs)) and float(dbs.max()) >= self._gate
 
