@@ -123,6 +123,17 @@ def policies() -> dict[str, Any]:
                     return 900.0
                 return lo if r["p_words"] >= th and r["p_audio"] >= th else float(mid)
             out[f"agree>={th} {lo} else {mid}"] = agree
+    for hi, mid in ((0.7, 450), (0.8, 500)):
+        # the session's rule with a middle wait: one reader at least ``hi`` sure and the other
+        # not sure the caller goes on (at least 0.1) waits ``mid``, not 800 ms
+        def tiered(r: dict[str, Any], hi: float = hi, mid: float = mid) -> float:
+            pw, pa = r["p_words"], r["p_audio"]
+            if pw <= 0.1:
+                return 900.0
+            if pw >= 0.5 and pa >= 0.5:
+                return 360.0
+            return float(mid) if max(pw, pa) >= hi and min(pw, pa) >= 0.1 else 800.0
+        out[f"agree 360, one>={hi} {mid}"] = tiered
     return out
 
 
