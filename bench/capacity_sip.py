@@ -74,13 +74,20 @@ async def sip_round(agent: Any, calls: list[dict[str, Any]], work: Path) -> tupl
     server = SipServer(agent, SipConfig(bind="127.0.0.1:0", rtp_ports=RTP_PORTS))
     await server.start()
     dials = []
+    taken = set(range(*RTP_PORTS))  # ports free now are not reserved: no two sipps may pick the same
     for c in calls:
         d = work / c["id"]
         d.mkdir(parents=True)
         pcm = read_wav(c["wav"], RATE)[0]
         packets = write_rtp_pcap(d / "speech.pcap", pcm, PCMU)
-        base = free_udp_ports(4)  # 8 free ports: sipp takes its media ports from here
-        args = ["-sf", str(SCENARIOS / "uac_pcmu.xml"), "-m", "1", "-p", str(free_udp_port()),
+        while True:
+            base = free_udp_ports(4)  # 8 free ports: sipp takes its media ports from here
+            sip_port = free_udp_port()
+            mine = {*range(base, base + 8), sip_port}
+            if len(mine) == 9 and not mine & taken:
+                break
+        taken |= mine
+        args = ["-sf", str(SCENARIOS / "uac_pcmu.xml"), "-m", "1", "-p", str(sip_port),
                 "-mp", str(base), "-d", str(int(packets * 20 + LISTEN_S * 1000))]
         dials.append((c, d, range(base, base + 8), len(pcm), args))
     media = set(range(*RTP_PORTS)).union(*(r for _, _, r, _, _ in dials))
