@@ -10,7 +10,8 @@ joins between two sentences) and every true turn end of the evaluation set
   has at its pause), the word it nearly wrote next, and the LM's turn-end probability, read by
   `pipelines.endpointing.completeness` (the words' surface and the LM);
 - the prosody: Smart Turn v3.2 (`voice.smart_turn`) on the turn's audio up to ``e`` + 100 ms
-  (what the session has when its VAD reports the pause).
+  (what the session has when its VAD reports the pause), and again up to ``e`` + 300, 400 and
+  500 ms, for a rule that asks it a second time as the pause goes on.
 
 Each policy maps the evidence to a wait from ``e``; a pause of length ``d`` is talked over when
 the wait is under ``d`` plus ``--notice-ms``: the session commits whenever its silence clock
@@ -46,6 +47,8 @@ from voice.audio import read_wav  # noqa: E402
 
 RATE = 16000
 LOOK_S = 0.1  # what the session has heard past the end when it decides: its VAD's pause report
+LATE_LOOKS_MS = (300, 400, 500)  # Smart Turn asked again this far past the end
+SMART_TURN_MS = 50  # what one Smart Turn answer takes in the session's worker
 
 
 def points(call: dict[str, Any]) -> list[dict[str, Any]]:
@@ -79,10 +82,34 @@ def features(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
             near = (res.near_next, res.near_share) if res.near_next else None
             lm = engines.responder.turn_end_prob(text) if text and lm_can_move(text) else None
             rows.append({**pt, "call": call["id"], "text": text, "near": near, "lm": lm,
-                         "p_words": completeness(text, lm, near), "p_audio": turn.predict(a)})
+                         "p_words": completeness(text, lm, near), "p_audio": turn.predict(a),
+                         "p_audio_late": late_audio(turn, x, pt)})
             print(f"{call['id']} {pt['kind']:8s} words {rows[-1]['p_words']:.2f} audio {rows[-1]['p_audio']:.2f} "
                   f"| {text[-60:]}", flush=True)
     return rows
+
+
+def late_audio(turn: Any, x: np.ndarray, pt: dict[str, Any]) -> dict[str, float]:
+    """Smart Turn on the turn's audio up to ``e`` + each of `LATE_LOOKS_MS` (past a shorter
+    pause it hears the caller going on; the policies only ask it where the pause lasts)."""
+    start = max(0, int((pt["start"] - 0.3) * RATE))
+    return {str(ms): turn.predict(x[start: int((pt["e"] + ms / 1000) * RATE)]) for ms in LATE_LOOKS_MS}
+
+
+def add_late_audio(rows: list[dict[str, Any]], split: str) -> None:
+    """Fills in `late_audio` for rows saved before it existed (no ASR needed)."""
+    from voice.smart_turn import SmartTurn
+
+    todo = [r for r in rows if "p_audio_late" not in r]
+    if not todo:
+        return
+    turn, wavs = SmartTurn(), {c["id"]: c["wav"] for c in load_calls(split)}
+    for cid in dict.fromkeys(r["call"] for r in todo):
+        pcm, _ = read_wav(wavs[cid], RATE)
+        x = pcm.astype(np.float32) / 32768.0
+        for r in todo:
+            if r["call"] == cid:
+                r["p_audio_late"] = late_audio(turn, x, r)
 
 
 def _logit(p: float) -> float:
@@ -134,6 +161,29 @@ def policies() -> dict[str, Any]:
                 return 360.0
             return float(mid) if max(pw, pa) >= hi and min(pw, pa) >= 0.1 else 800.0
         out[f"agree 360, one>={hi} {mid}"] = tiered
+    for hi, lo in ((0.8, 200), (0.8, 300), (0.9, 200), (0.9, 300)):
+        # the session's rule with a shorter wait when both readers are very sure
+        def sure(r: dict[str, Any], hi: float = hi, lo: float = lo) -> float:
+            pw, pa = r["p_words"], r["p_audio"]
+            if pw <= 0.1:
+                return 900.0
+            if pw >= hi and pa >= hi:
+                return float(lo)
+            return 360.0 if pw >= 0.5 and pa >= 0.5 else 800.0
+        out[f"both>={hi} {lo}, agree 360"] = sure
+    for look in LATE_LOOKS_MS:
+        for th in (0.5, 0.7, 0.9):
+            # the session's rule, Smart Turn asked again ``look`` ms into a pause where it had
+            # doubted and the words had not: sure now ends the turn once it has answered
+            def again(r: dict[str, Any], look: int = look, th: float = th) -> float:
+                pw, pa = r["p_words"], r["p_audio"]
+                if pw <= 0.1:
+                    return 900.0
+                if pw >= 0.5 and pa >= 0.5:
+                    return 360.0
+                late = r.get("p_audio_late", {}).get(str(look))
+                return look + SMART_TURN_MS if pw >= 0.5 and late is not None and late >= th else 800.0
+            out[f"agree 360, again at {look} >={th}"] = again
     return out
 
 
@@ -161,11 +211,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--split", default="dev", choices=("dev", "test"))
     ap.add_argument("--notice-ms", type=float, default=10.0)
-    ap.add_argument("--features", type=Path, help="reuse features saved by an earlier run")
+    ap.add_argument("--features", type=Path, help="reuse features saved by an earlier run (or its --json)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.features and args.features.exists():
         rows = json.loads(args.features.read_text())
+        if isinstance(rows, dict):  # an earlier --json output
+            rows = rows["rows"]
+        add_late_audio(rows, args.split)
     else:
         rows = features(load_calls(args.split))
         if args.features:
