@@ -82,9 +82,16 @@ GRAMMATICAL_REPLIES = Path(__file__).parent / "corpus" / "grammatical_replies.tx
 DISTILLED_REPLIES = Path(__file__).parent / "corpus" / "distilled_replies.jsonl.gz"
 
 
-def sgd_pairs(path: Path = SGD_PAIRS) -> list[Pair]:
+def sgd_pairs(path: Path = SGD_PAIRS, context_free: bool = False) -> list[Pair]:
+    """All SGD pairs; with ``context_free`` only a dialogue's opening request and its closing,
+    whose replies need no earlier turn (a reply model that sees no history learns "Yes." ->
+    "Your reservation is confirmed." from the rest)."""
     with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [Pair(_clean(d["prompt"]), _clean(d["response"]), "sgd") for d in map(json.loads, f)]
+        return [
+            Pair(_clean(d["prompt"]), _clean(d["response"]), "sgd")
+            for d in map(json.loads, f)
+            if not context_free or d.get("at") in ("first", "last")
+        ]
 
 
 def reply_key(text: str) -> str:

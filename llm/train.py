@@ -142,6 +142,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="pairs per group of the generated customer-service slice (llm.persona_service), added after "
                          "the filters: its replies all parse (tests/test_persona_service.py)")
     ap.add_argument("--sgd", action="store_true", help="add the Schema-Guided Dialogue pairs (llm/corpus) to training")
+    ap.add_argument("--sgd-context-free", action="store_true",
+                    help="with --sgd: only the pairs that open or close a dialogue, whose replies need no earlier "
+                         "turn (the reply model sees no history)")
     ap.add_argument("--grammatical", action="store_true",
                     help="train only on replies that parse under link-grammar and do not stutter "
                          "(llm/corpus/grammatical_replies.txt.gz, made by scripts/filter_replies.py)")
@@ -174,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
         extra = persona_pairs(args.seed + 1, copies=args.extra_persona)
         train_pairs += [p for p in extra if p.prompt not in held_prompts]
     if args.sgd:
-        train_pairs += sgd_pairs()
+        train_pairs += sgd_pairs(context_free=args.sgd_context_free)
     if args.arch == "bdlm":
         train_pairs = [p for p in train_pairs if not repeats(p.response)]
     if args.grammatical:
@@ -266,6 +269,7 @@ def main(argv: list[str] | None = None) -> None:
             "train_pairs": len(data), "extra_persona": args.extra_persona,
             "service_per_group": args.service, "init": str(args.init or ""),
             "grammatical_only": args.grammatical, "distilled": args.distill, "distill_cap": args.distill_cap,
+            "sgd_context_free": args.sgd_context_free,
             "heldout": HELDOUT, "prompt_len": PROMPT_LEN, "block_len": BLOCK_LEN,
             "loss_curve": [round(sum(c) / len(c), 4) for c in (losses[i : i + 100] for i in range(0, step, 100))],
             "data": ["chitchat-dataset 0.9.0 (MIT)", "chatterbot-corpus 1.3.3 (BSD)", "llm.persona (generated)"]
