@@ -16,7 +16,9 @@ For each block of ``block`` positions, all masks at first:
 - ``no_adjacent_repeat``: a position never takes the token committed right before it, so
   parallel commits cannot stutter ("I I", "the the"); ``no_repeat_ngram`` (3): nor a token
   that would say again an n-gram the reply already holds ("to go to go to", a sentence said
-  twice), the loop a small greedy LM falls into;
+  twice), the loop a small greedy LM falls into; a token that goes on the word before it
+  ("'t" after "don") is never banned, as the loop is stopped at a word's first token and a
+  ban inside a word leaves it broken ("I don't think I don");
 - the reply ends at the first end-of-turn token with nothing masked before it, and not before
   ``min_tokens`` tokens (a one-word "Hey!" to a caller's "Hello?");
 - a finished block enters the cache in the same forward pass as the next block's first
@@ -64,10 +66,14 @@ class BlockOptions:
 
 
 class BlockDiffusionDecoder:
-    def __init__(self, model: GPT2LMHeadModel, special: SpecialTokens, sentence_ends: set[int] | None = None) -> None:
+    def __init__(
+        self, model: GPT2LMHeadModel, special: SpecialTokens, sentence_ends: set[int] | None = None,
+        continuations: set[int] | None = None,
+    ) -> None:
         self.model = model.eval()
         self.special = special
         self.sentence_ends = sentence_ends or set()  # tokens that end a sentence
+        self.continuations = continuations or set()  # tokens that go on the word before them
         self._never = torch.tensor(sorted({special.mask, special.pad, *special.forbidden}))
 
     def _forward(self, ids: list[int], start_pos: int, cache: DynamicCache, causal_rows: int) -> torch.Tensor:
@@ -224,7 +230,9 @@ class BlockDiffusionDecoder:
                 if t in ends:
                     if i == leftmost and len(said) + i >= opts.min_tokens:
                         return t, float(top_p[i, k])
-                elif (not opts.no_adjacent_repeat or t not in (left, right)) and t not in banned:
+                elif (not opts.no_adjacent_repeat or t not in (left, right)) and (
+                    t not in banned or t in self.continuations
+                ):
                     return t, float(top_p[i, k])
             return int(top_t[i, -1]), float(top_p[i, -1])
 

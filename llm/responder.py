@@ -77,6 +77,21 @@ def sentence_end_ids(lm: LoadedLM) -> set[int]:
     return {i for i in range(n) if lm.decode([i]).rstrip("\"')").endswith((".", "!", "?"))}
 
 
+def word_continuation_ids(lm: LoadedLM, ends: set[int]) -> set[int]:
+    """Tokens that go on the word before them ("'t", "ing"): decoded after a sentence end,
+    they follow it with no space between."""
+    dot = next((i for i in sorted(ends) if lm.decode([i]) == "."), None)
+    if dot is None:
+        return set()
+    n = int(getattr(lm.model.config, "vocab_size", 0))
+    out = set()
+    for i in range(n):
+        s = lm.decode([dot, i])
+        if len(s) > 1 and (s[1].isalnum() or s[1] == "'"):
+            out.add(i)
+    return out
+
+
 class Responder:
     warm_start = True  # `agenerate(prev=...)` re-denoises a previous block (masked LMs)
     streams = False  # a reply comes whole (see `llm.remote.RemoteResponder`)
@@ -87,9 +102,10 @@ class Responder:
     def __init__(self, lm: LoadedLM, cfg: LlmConfig, probe_lm: LoadedLM | None = None) -> None:
         self.lm = lm
         self.cfg = cfg
-        self.blocks = (
-            BlockDiffusionDecoder(lm.model, lm.special, sentence_end_ids(lm)) if lm.kind == "bdlm" else None
-        )
+        self.blocks = None
+        if lm.kind == "bdlm":
+            ends = sentence_end_ids(lm)
+            self.blocks = BlockDiffusionDecoder(lm.model, lm.special, ends, word_continuation_ids(lm, ends))
         self.probe_lm = probe_lm or lm
         probe_dir = self.probe_lm.path
         self.turn_end: TurnEndProbe | None = TurnEndProbe.load(probe_dir) if probe_dir.is_dir() else None

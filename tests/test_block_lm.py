@@ -148,6 +148,26 @@ def test_no_token_says_a_trigram_again(parts) -> None:  # noqa: ANN001
     assert block[0] == to
 
 
+def test_the_trigram_ban_does_not_break_a_word(parts) -> None:  # noqa: ANN001
+    model, tok, _ = parts
+    sp = tok.special
+    from llm.loader import load_lm
+    from llm.responder import sentence_end_ids, word_continuation_ids
+
+    lm = load_lm(LlmConfig())  # the embedded block diffusion LM: the AR baseline's tokenizer
+    ends = sentence_end_ids(lm)
+    cont = word_continuation_ids(lm, ends)
+    ids = tok.encode(" I don't think I don")
+    apostrophe_t, think = ids[2], ids[3]
+    assert apostrophe_t in cont and think not in cont  # "'t" goes on "don"; " think" starts a word
+    dec = BlockDiffusionDecoder(model, SpecialTokens(sp.mask, sp.eot, sp.pad, (sp.bos, sp.sep)), ends, cont)
+    rows = [{apostrophe_t: 0.9, sp.eot: 0.05}, {}, {}, {}]
+    block: list[int | None] = [None] * 4
+    # "I don't" is said already, but banning "'t" here would leave "don" broken
+    dec._commit(block, [0.0] * 4, _probs(rows, tok.vocab_size), BlockOptions(block=4), False, ids)
+    assert block[0] == apostrophe_t
+
+
 @torch.no_grad()
 def test_guided_batch_reads_each_prompt_as_if_alone(parts) -> None:  # noqa: ANN001
     """Guidance reads the block against the prompt and against ``<bos> <agent>`` in one batch
