@@ -10,9 +10,11 @@ For each block of ``block`` positions, all masks at first:
   batch of two rows) and scores ``(1 + w) * prompted - w * unprompted`` (classifier-free
   guidance): replies about the caller's words rather than stock ones;
 - every masked position whose most likely token has probability >= ``tau`` is committed,
-  and always at least the most confident one (Fast-dLLM's threshold rule): a confident
+  and always at least the leftmost open one (Fast-dLLM's threshold rule): a confident
   model fills a block in one or two passes, an unsure one falls back to one token a pass,
-  which is AR decoding;
+  which is AR decoding; a position other than the leftmost joins a pass only beside a left
+  neighbour known for sure (it was read with that neighbour masked: beside a guess it may
+  fit another reading, "Hello" + the "i" of "Hi");
 - ``no_adjacent_repeat``: a position never takes the token committed right before it, so
   parallel commits cannot stutter ("I I", "the the"); ``no_repeat_ngram`` (3): nor a token
   that would say again an n-gram the reply already holds ("to go to go to", a sentence said
@@ -57,6 +59,7 @@ class BlockOptions:
     deadline: float | None = None  # absolute time.perf_counter() value
     overrun_s: float = 0.06  # after the deadline, how long a sentence may take to finish
     guidance: float = 0.0  # w: logits (1 + w) * given the prompt - w * given no words (0: off)
+    sure_left: bool = True  # commit beside a left neighbour known for sure only (else: anywhere over tau)
 
     def __post_init__(self) -> None:
         if self.block < 1 or self.max_passes < 1 or self.max_tokens < 1:
@@ -241,8 +244,13 @@ class BlockDiffusionDecoder:
         if t in ends:  # the reply ends here: nothing after it is needed
             return
         rest = sorted(open_at[1:], key=lambda i: -pick(i)[1])
+        # a position was read with its left neighbour masked: it joins this pass's commits only
+        # where that neighbour is known now, and not as a guess (the leftmost taken below tau)
+        guessed = p < opts.tau
         for i in rest:
             t, p = pick(i)
+            if opts.sure_left and not fill_all and (block[i - 1] is None or (guessed and i == leftmost + 1)):
+                continue
             if fill_all or p >= opts.tau:
                 block[i], bconf[i] = t, p
 

@@ -66,11 +66,24 @@ def test_commit_rules(parts) -> None:  # noqa: ANN001
     sp, v = tok.special, tok.vocab_size
     opts = BlockOptions(block=4, tau=0.9)
     a, c, d = 100, 101, 102
-    # leftmost is taken although unsure; a confident far position too; an unsure middle one waits
+    # leftmost is taken although unsure; an unsure middle one waits; a confident far one waits
+    # too, as it was read with its left neighbour masked (sure_left), unless asked not to
     block: list[int | None] = [None] * 4
     conf = [0.0] * 4
-    dec._commit(block, conf, _probs([{a: 0.3}, {c: 0.5}, {d: 0.95}, {sp.eot: 0.99}], v), opts, False, [])
+    rows = [{a: 0.3}, {c: 0.5}, {d: 0.95}, {sp.eot: 0.99}]
+    dec._commit(block, conf, _probs(rows, v), opts, False, [])
+    assert block == [a, None, None, None]
+    block = [None] * 4
+    dec._commit(block, conf, _probs(rows, v), BlockOptions(block=4, tau=0.9, sure_left=False), False, [])
     assert block == [a, None, d, None]  # the end token at the far side is not taken
+    # beside a sure leftmost a confident neighbour joins the pass; beside a guessed one it waits
+    # ("Hello" at 0.59 with the "i" of "Hi" at 0.92 read "Helloi")
+    block = [None] * 4
+    dec._commit(block, conf, _probs([{a: 0.95}, {c: 0.95}, {d: 0.95}, {}], v), opts, False, [])
+    assert block == [a, c, d, None]
+    block = [None] * 4
+    dec._commit(block, conf, _probs([{a: 0.59}, {c: 0.92}, {}, {}], v), opts, False, [])
+    assert block == [a, None, None, None]
     # an end token ends the reply only at the leftmost open position
     block = [a, None, None, None]
     dec._commit(block, conf, _probs([{}, {sp.eot: 0.6}, {c: 0.99}, {d: 0.99}], v), opts, False, [])
