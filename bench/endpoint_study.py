@@ -123,6 +123,14 @@ def wait_ms(c: float, lo: float, hi: float, sure: float = 0.85) -> float:
     return lo + (hi - lo) * doubt**1.5
 
 
+def _session(r: dict[str, Any], doubt_ms: float) -> float:
+    """The session's rule: 900 ms after a trailing function word, 360 ms when the words and
+    the sound both say done, else ``doubt_ms`` (800 in the session)."""
+    if r["p_words"] <= 0.1:
+        return 900.0
+    return 360.0 if r["p_words"] >= 0.5 and r["p_audio"] >= 0.5 else doubt_ms
+
+
 def policies() -> dict[str, Any]:
     out: dict[str, Any] = {}
     for s in (200, 300, 500, 700, 900):
@@ -155,34 +163,21 @@ def policies() -> dict[str, Any]:
         # not sure the caller goes on (at least 0.1) waits ``mid``, not 800 ms
         def tiered(r: dict[str, Any], hi: float = hi, mid: float = mid) -> float:
             pw, pa = r["p_words"], r["p_audio"]
-            if pw <= 0.1:
-                return 900.0
-            if pw >= 0.5 and pa >= 0.5:
-                return 360.0
-            return float(mid) if max(pw, pa) >= hi and min(pw, pa) >= 0.1 else 800.0
+            return _session(r, float(mid) if max(pw, pa) >= hi and min(pw, pa) >= 0.1 else 800.0)
         out[f"agree 360, one>={hi} {mid}"] = tiered
     for hi, lo in ((0.8, 200), (0.8, 300), (0.9, 200), (0.9, 300)):
         # the session's rule with a shorter wait when both readers are very sure
         def sure(r: dict[str, Any], hi: float = hi, lo: float = lo) -> float:
-            pw, pa = r["p_words"], r["p_audio"]
-            if pw <= 0.1:
-                return 900.0
-            if pw >= hi and pa >= hi:
-                return float(lo)
-            return 360.0 if pw >= 0.5 and pa >= 0.5 else 800.0
+            return float(lo) if r["p_words"] >= hi and r["p_audio"] >= hi else _session(r, 800.0)
         out[f"both>={hi} {lo}, agree 360"] = sure
     for look in LATE_LOOKS_MS:
         for th in (0.5, 0.7, 0.9):
             # the session's rule, Smart Turn asked again ``look`` ms into a pause where it had
             # doubted and the words had not: sure now ends the turn once it has answered
             def again(r: dict[str, Any], look: int = look, th: float = th) -> float:
-                pw, pa = r["p_words"], r["p_audio"]
-                if pw <= 0.1:
-                    return 900.0
-                if pw >= 0.5 and pa >= 0.5:
-                    return 360.0
                 late = r.get("p_audio_late", {}).get(str(look))
-                return look + SMART_TURN_MS if pw >= 0.5 and late is not None and late >= th else 800.0
+                sure_now = r["p_words"] >= 0.5 and late is not None and late >= th
+                return _session(r, look + SMART_TURN_MS if sure_now else 800.0)
             out[f"agree 360, again at {look} >={th}"] = again
     return out
 
