@@ -248,9 +248,9 @@ class BlockDiffusionDecoder:
         # where that neighbour is known now, and not as a guess (the leftmost taken below tau)
         guessed = p < opts.tau
         for i in rest:
-            t, p = pick(i)
             if opts.sure_left and not fill_all and (block[i - 1] is None or (guessed and i == leftmost + 1)):
                 continue
+            t, p = pick(i)
             if fill_all or p >= opts.tau:
                 block[i], bconf[i] = t, p
 
