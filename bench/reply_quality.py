@@ -4,6 +4,7 @@
     .venv/bin/python bench/reply_quality.py --split dev         # the split to tune on
     .venv/bin/python bench/reply_quality.py --json bench/results/reply_quality_cpu.json
     .venv/bin/python bench/reply_quality.py --split dev --sweep 8:0.9,16:0.9,8:0.7   # block:tau settings
+    .venv/bin/python bench/reply_quality.py --seeds 5           # the default row under seeds 0-4 too
 
 The utterances: ``bench/data/caller_{dev,test}.txt`` (greetings, requests to a phone
 assistant, questions, complaints, small talk, line checks, hand-offs, thanks and goodbyes,
@@ -26,6 +27,10 @@ replies where the utterance has one. For each:
 - speed at batch 1: useful tokens (reply + end token) per second, and the ratio against the
   AR baseline timed on the same utterance just before (the median of per-utterance ratios:
   this VM drifts).
+
+The default config samples (``llm.temperature``, seeded per reply by ``llm.seed`` and the
+prompt), so its quality columns are one draw: ``--seeds N`` scores the same row under seeds
+0..N-1 as well (quality columns only) and gives each column's median.
 """
 
 from __future__ import annotations
@@ -197,6 +202,24 @@ def sweep(spec: str, base: LlmConfig, texts: list[str], judge: LinkGrammarJudge,
     return 0
 
 
+QUALITY_COLUMNS = ("grammatical", "repeat", "distinct", "median_words", "judge_nll", "relevance")
+
+
+def seed_rows(base: LlmConfig, texts: list[str], judge: LinkGrammarJudge, ar: ArLM, n: int) -> list[dict]:
+    """The diffusion LM's quality columns under ``llm.seed`` 0..n-1 (the config otherwise as
+    given), printed with each column's median."""
+    rows = []
+    for seed in range(n):
+        resp = Responder.load(base.model_copy(update={"seed": seed}), turn_end=False)
+        d = run_responder(resp, texts, None)
+        row = score(f"block diffusion, seed {seed}", texts, [r.text for r in d], judge, ar,
+                    [r.ids for r in d], [r.ended for r in d])
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    print(json.dumps({"seed_medians": {c: statistics.median(r[c] for r in rows) for c in QUALITY_COLUMNS}}))
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--split", choices=["dev", "test"], default="test")
@@ -206,6 +229,8 @@ def main() -> int:
     ap.add_argument("--no-mdlm", action="store_true", help="leave the MDLM row out")
     ap.add_argument("--sweep", help="instead of the table: block:tau settings of the diffusion LM, e.g. 8:0.9,16:0.7")
     ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], help="the diffusion LM's dtype")
+    ap.add_argument("--seeds", type=int, default=0,
+                    help="also score the default row under llm.seed 0..N-1 (quality only) and their medians")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
@@ -257,6 +282,7 @@ def main() -> int:
     print("|---|---|" + "---|" * len(cols))
     for r in rows:
         print(f"| {r['system']} | {r['n']} | " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+    seed_runs = seed_rows(llm_cfg, texts, judge, ar, args.seeds) if args.seeds else []
     pick = list(range(0, len(texts), max(1, len(texts) // args.samples)))[: args.samples]
     sample_rows = [{"prompt": texts[i], **{k: v[i].text for k, v in samples.items()}} for i in pick]
     for s in sample_rows:
@@ -269,6 +295,9 @@ def main() -> int:
             or platform.machine(), "llm_config": llm_cfg.model_dump(mode="json"), "rows": rows,
             "samples": sample_rows,
         }
+        if seed_runs:
+            out["seed_runs"] = seed_runs
+            out["seed_medians"] = {c: statistics.median(r[c] for r in seed_runs) for c in QUALITY_COLUMNS}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2, ensure_ascii=False))
     return 0

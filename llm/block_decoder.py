@@ -31,7 +31,12 @@ For each block of ``block`` positions, all masks at first:
   more it ends where it is. A late reply is shorter, not broken (filling every open
   position at once, as a masked LM's anytime decoder does, measured 47 % grammatical at a
   40 ms deadline against 97 % without one);
-- ``max_passes`` caps the passes a block gets (the last one fills what is left).
+- ``max_passes`` caps the passes a block gets (the last one fills what is left);
+- ``temperature`` > 0: the leftmost open position, the one a pass commits even when unsure,
+  is drawn from its allowed candidates (probabilities to the power 1/T, the nucleus of mass
+  ``top_p``) with ``generator``, not taken greedily: the same choice an AR model's sampler
+  makes, where the model hesitates between replies ("Goodbye!" / "Have a great day."); the
+  positions committed for being at least ``tau`` sure stay greedy.
 """
 
 from __future__ import annotations
@@ -60,12 +65,17 @@ class BlockOptions:
     overrun_s: float = 0.06  # after the deadline, how long a sentence may take to finish
     guidance: float = 0.0  # w: logits (1 + w) * given the prompt - w * given no words (0: off)
     sure_left: bool = True  # commit beside a left neighbour known for sure only (else: anywhere over tau)
+    temperature: float = 0.0  # > 0: the leftmost open position is sampled (0: greedy)
+    top_p: float = 1.0  # the nucleus it is sampled from
+    generator: torch.Generator | None = None  # the draws' source (None: torch's global one)
 
     def __post_init__(self) -> None:
         if self.block < 1 or self.max_passes < 1 or self.max_tokens < 1:
             raise ValueError("block, max_passes and max_tokens must be positive")
         if not 0.0 < self.tau <= 1.0:
             raise ValueError("tau must be in (0, 1]")
+        if self.temperature < 0.0 or not 0.0 < self.top_p <= 1.0:
+            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
 
 
 class BlockDiffusionDecoder:
@@ -224,22 +234,36 @@ class BlockDiffusionDecoder:
         open_at = [i for i, t in enumerate(block) if t is None]
         leftmost = open_at[0]
 
-        def pick(i: int) -> tuple[int, float]:
+        def allowed(i: int) -> list[int]:
+            """Ranks (into ``top_t[i]``, most likely first) of the tokens position ``i`` may take."""
             left = block[i - 1] if i > 0 else (said[-1] if said else None)
             right = block[i + 1] if i + 1 < len(block) else None
             banned = self._repeated_ngram_ends(said, block, i, opts.no_repeat_ngram)
+            ok = []
             for k in range(top_t.shape[1]):
                 t = int(top_t[i, k])
                 if t in ends:
                     if i == leftmost and len(said) + i >= opts.min_tokens:
-                        return t, float(top_p[i, k])
+                        ok.append(k)
                 elif (not opts.no_adjacent_repeat or t not in (left, right)) and (
                     t not in banned or t in self.continuations
                 ):
-                    return t, float(top_p[i, k])
-            return int(top_t[i, -1]), float(top_p[i, -1])
+                    ok.append(k)
+            return ok or [top_t.shape[1] - 1]
 
-        t, p = pick(leftmost)
+        def pick(i: int) -> tuple[int, float]:
+            k = allowed(i)[0]
+            return int(top_t[i, k]), float(top_p[i, k])
+
+        def draw(i: int) -> tuple[int, float]:
+            ks = allowed(i)
+            w = top_p[i, ks].double() ** (1.0 / opts.temperature)
+            w = w / w.sum()
+            keep = int((w.cumsum(0) - w < opts.top_p).sum())  # the nucleus: the first tokens up to top_p
+            k = ks[int(torch.multinomial(w[:keep], 1, generator=opts.generator))]
+            return int(top_t[i, k]), float(top_p[i, k])
+
+        t, p = draw(leftmost) if opts.temperature > 0.0 else pick(leftmost)
         block[leftmost], bconf[leftmost] = t, p
         if t in ends:  # the reply ends here: nothing after it is needed
             return

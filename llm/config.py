@@ -76,8 +76,15 @@ class LlmConfig(_Section):
     max_tokens: int = Field(32, ge=1, le=256, description="bdlm: the longest reply, in tokens")
     min_tokens: int = Field(3, ge=0, le=256, description="bdlm: no end of turn before this many reply tokens")
     guidance: float = Field(
-        0.5, ge=0.0, le=4.0, description="bdlm: classifier-free guidance weight, the caller's words against none "
+        0.0, ge=0.0, le=4.0, description="bdlm: classifier-free guidance weight, the caller's words against none "
         "(0: off; on, each pass reads the block after both, as a batch of two)")
+    temperature: float = Field(
+        0.9, ge=0.0, le=2.0, description="bdlm: > 0 samples the position each pass commits even when unsure "
+        "(probabilities to the power 1/temperature); 0: greedy")
+    top_p: float = Field(0.8, gt=0.0, le=1.0, description="bdlm: the nucleus that position is sampled from")
+    seed: int | None = Field(
+        0, ge=0, description="bdlm: each reply's draws are seeded by this and its prompt (the same words get "
+        "the same reply); null: fresh randomness every reply")
     threads: int = Field(1, ge=1, le=16)
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="weights and activations; auto: bfloat16 where the CPU multiplies it natively (AMX or "

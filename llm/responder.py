@@ -15,6 +15,7 @@ MDLM's (``llm.turn_end_model_path``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import threading
 import time
@@ -92,6 +93,18 @@ def word_continuation_ids(lm: LoadedLM, ends: set[int]) -> set[int]:
     return out
 
 
+def reply_generator(seed: int | None, prompt: list[int]) -> torch.Generator:
+    """The source of one reply's draws: seeded by ``seed`` and the prompt's ids, so a run is
+    reproducible whatever order its replies come in; fresh randomness when ``seed`` is None."""
+    g = torch.Generator()
+    if seed is None:
+        g.seed()
+    else:
+        digest = hashlib.blake2b(repr((seed, prompt)).encode(), digest_size=8).digest()
+        g.manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
+    return g
+
+
 class Responder:
     warm_start = True  # `agenerate(prev=...)` re-denoises a previous block (masked LMs)
     streams = False  # a reply comes whole (see `llm.remote.RemoteResponder`)
@@ -124,11 +137,16 @@ class Responder:
             probe_lm = load_lm(LlmConfig(model_path=probe_path, dtype="float32", threads=cfg.threads))
         return cls(lm, cfg, probe_lm)
 
-    def block_options(self, deadline: float | None = None, **overrides: object) -> BlockOptions:
+    def block_options(self, deadline: float | None = None, prompt: list[int] | None = None,
+                      **overrides: object) -> BlockOptions:
+        """``prompt``: the reply's prompt ids, which seed its draws when ``llm.seed`` is set."""
         kw: dict[str, object] = {"block": self.cfg.block_len, "tau": self.cfg.tau, "max_passes": self.cfg.steps,
                                  "max_tokens": self.cfg.max_tokens, "min_tokens": self.cfg.min_tokens,
-                                 "guidance": self.cfg.guidance, "deadline": deadline}
+                                 "guidance": self.cfg.guidance, "deadline": deadline,
+                                 "temperature": self.cfg.temperature, "top_p": self.cfg.top_p}
         kw.update(overrides)
+        if float(kw["temperature"]) > 0.0 and "generator" not in overrides:  # type: ignore[arg-type]
+            kw["generator"] = reply_generator(self.cfg.seed, prompt or [])
         return BlockOptions(**kw)  # type: ignore[arg-type]
 
     def options(self, deadline: float | None = None, **overrides: object) -> DecodeOptions:
@@ -172,7 +190,7 @@ class Responder:
         stop = cancel.is_set if cancel else None
         prompt = self._prompt(user_text, history)
         if self.blocks is not None:
-            res = self.blocks.generate(prompt, self.block_options(deadline, **overrides), should_stop=stop,
+            res = self.blocks.generate(prompt, self.block_options(deadline, prompt, **overrides), should_stop=stop,
                                        unprompted=[prompt[0], prompt[-1]])  # <bos> <agent>: no words
         else:
             res = generate_block(self.lm.logits_fn, prompt, self.lm.special, self.options(deadline, **overrides),

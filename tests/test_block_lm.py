@@ -111,6 +111,46 @@ def test_commit_rules(parts) -> None:  # noqa: ANN001
     assert None not in block
 
 
+def test_sampling_draws_the_leftmost_from_its_allowed_nucleus(parts) -> None:  # noqa: ANN001
+    _, tok, dec = parts
+    v = tok.vocab_size
+    a, c, d = 100, 101, 102
+    probs = _probs([{a: 0.5, c: 0.4, d: 0.1}, {}, {}, {}], v)
+    opts = BlockOptions(block=4, temperature=1.0, top_p=0.85, generator=torch.Generator().manual_seed(7))
+    drawn = []
+    for said in ([], [a]):
+        for _ in range(200):
+            block: list[int | None] = [None] * 4
+            dec._commit(block, [0.0] * 4, probs, opts, False, said)
+            drawn.append((bool(said), block[0]))
+    assert {t for s, t in drawn if not s} == {a, c}  # d lies outside the 0.85 nucleus
+    assert a not in {t for s, t in drawn if s}  # never the token said right before it
+    # a low temperature sharpens the draw toward the best
+    cold = BlockOptions(block=4, temperature=0.01, generator=torch.Generator().manual_seed(7))
+    for _ in range(50):
+        block = [None] * 4
+        dec._commit(block, [0.0] * 4, probs, cold, False, [])
+        assert block[0] == a
+
+
+def test_sampled_replies_follow_their_seed(parts) -> None:  # noqa: ANN001
+    from llm.responder import reply_generator
+
+    _, tok, dec = parts
+    prompts = [tok.prompt_ids(t, 32) for t in ("Thanks, bye.", "Hello?", "Can I book a table?", "Is it raining?")]
+    greedy = [dec.generate(p, BlockOptions(max_tokens=16)).ids for p in prompts]
+    assert [dec.generate(p, BlockOptions(max_tokens=16, temperature=0.0, generator=torch.Generator())).ids
+            for p in prompts] == greedy  # temperature 0 is greedy
+
+    def sampled(seed: int | None) -> list[list[int]]:
+        return [dec.generate(p, BlockOptions(max_tokens=16, temperature=1.0,
+                                             generator=reply_generator(seed, p))).ids for p in prompts]
+
+    assert sampled(3) == sampled(3)  # a seed and a prompt give one reply
+    runs = [sampled(s) for s in (1, 2, 3)] + [sampled(None) for _ in range(2)]
+    assert any(r != runs[0] for r in runs[1:])
+
+
 def test_generate_ends_and_counts_passes(parts) -> None:  # noqa: ANN001
     _, tok, dec = parts
     res = dec.generate(tok.prompt_ids("hello", 32), BlockOptions(block=8, tau=0.9, max_tokens=32))
