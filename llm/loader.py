@@ -80,20 +80,20 @@ def detect_kind(path: Path) -> str:
     return "masked_lm"
 
 
-def amx_bf16() -> bool:
-    """Whether this CPU has AMX tiles for bfloat16 (Sapphire Rapids and later Xeons)."""
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AMX or AVX512-BF16). Elsewhere
+    bfloat16 is emulated and slower than float32."""
     try:
-        return " amx_bf16" in Path("/proc/cpuinfo").read_text()
+        flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
+    return " amx_bf16" in flags or " avx512_bf16" in flags
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    """``auto``, ``float32`` or ``bfloat16`` as a torch dtype. ``auto``: bfloat16 where the CPU
-    has AMX; with AVX512-BF16 alone the embedded LMs' small matrices multiply faster in float32
-    (docs/llm.md, "Number format")."""
+    """``auto``, ``float32`` or ``bfloat16`` as a torch dtype (``auto``: bfloat16 where native)."""
     if name == "auto":
-        return torch.bfloat16 if amx_bf16() else torch.float32
+        return torch.bfloat16 if native_bf16() else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import ModernBertConfig, ModernBertForMaskedLM, PreTrainedTokenizerFast
 
 from llm.decoder import DecodeOptions, generate_block
-from llm.loader import EMBEDDED, EMBEDDED_MDLM, ModelLoadError, amx_bf16, load_lm, torch_dtype
+from llm.loader import EMBEDDED, EMBEDDED_MDLM, ModelLoadError, load_lm, native_bf16, torch_dtype
 from llm.responder import Responder
 from pipelines.config import LlmConfig
 
@@ -235,7 +235,7 @@ def test_dream_logits_are_shifted_and_llada_are_not(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not (EMBEDDED / "model.safetensors").exists(), reason="embedded weights not trained yet")
 def test_dtype_is_configurable_and_logits_stay_float32() -> None:
-    assert torch_dtype("auto") == (torch.bfloat16 if amx_bf16() else torch.float32)
+    assert torch_dtype("auto") == (torch.bfloat16 if native_bf16() else torch.float32)
     ids = torch.tensor([[2, 10, 11, 12, 5, 5, 5]])
     attn = torch.ones_like(ids)
     out = {}
