@@ -39,7 +39,6 @@ import argparse
 import gzip
 import json
 import os
-import platform
 import random
 import re
 import statistics
@@ -64,6 +63,9 @@ from llm.loader import EMBEDDED_MDLM  # noqa: E402
 from llm.quality import repeats, words  # noqa: E402
 from llm.responder import Responder  # noqa: E402
 from pipelines.config import BudgetConfig  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+import machine  # noqa: E402
 
 SGD_SOURCE = ROOT.parent / "shared" / "data" / "sgd-dialogues.jsonl.gz"
 SGD_PER_SPLIT = 100
@@ -291,8 +293,8 @@ def main() -> int:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
         out = {
             "split": args.split, "utterances": len(texts), "seconds": round(time.perf_counter() - t0, 1),
-            "date": time.strftime("%Y-%m-%d"), "commit": commit.stdout.strip(), "machine": platform.processor()
-            or platform.machine(), "llm_config": llm_cfg.model_dump(mode="json"), "rows": rows,
+            "date": time.strftime("%Y-%m-%d"), "commit": commit.stdout.strip(), "machine": machine.cpu(),
+            "llm_config": llm_cfg.model_dump(mode="json"), "rows": rows,
             "samples": sample_rows,
         }
         if seed_runs:

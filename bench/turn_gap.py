@@ -51,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import machine  # noqa: E402
 from eval_calls import clean_calls, load_calls  # noqa: E402
 
 from tests.ground_truth import audible_onsets, audible_until, levels_dbfs, loud_from  # noqa: E402
@@ -286,7 +287,7 @@ def main() -> None:
     ap.add_argument("--skip-livekit", action="store_true")
     ap.add_argument("--skip-pipecat", action="store_true")
     args = ap.parse_args()
-    out = asyncio.run(run(args))
+    out = {"machine": machine.cpu(), **asyncio.run(run(args))}
     brief = {**out, "ours": {k: v for k, v in out["ours"].items() if k not in ("turns", "onsets_inside")}}
     for peer in ("livekit", "pipecat"):
         if out[peer]:
