@@ -87,8 +87,8 @@ class LlmConfig(_Section):
         "the same reply); null: fresh randomness every reply")
     threads: int = Field(1, ge=1, le=16)
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="weights and activations; auto: float32 for the block diffusion LM, else bfloat16 "
-        "where the CPU multiplies it natively (AMX or AVX512-BF16)")
+        "auto", description="weights and activations; auto: bfloat16 where the CPU multiplies it natively (AMX or "
+        "AVX512-BF16), else float32")
     history_turns: int = Field(0, ge=0, le=8)
     prompt_len: int = Field(32, ge=8, le=1024)
     turn_end_model_path: str | None = Field(

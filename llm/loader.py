@@ -90,12 +90,10 @@ def native_bf16() -> bool:
     return " amx_bf16" in flags or " avx512_bf16" in flags
 
 
-def torch_dtype(name: str, kind: str | None = None) -> torch.dtype:
-    """``auto``, ``float32`` or ``bfloat16`` as a torch dtype for a model of ``kind``.
-    ``auto``: float32 for the block diffusion LM, whose passes run a few rows against a cache
-    (faster in float32 even with AMX: docs/llm.md, "Number format"), else bfloat16 where native."""
+def torch_dtype(name: str) -> torch.dtype:
+    """``auto``, ``float32`` or ``bfloat16`` as a torch dtype (``auto``: bfloat16 where native)."""
     if name == "auto":
-        return torch.bfloat16 if native_bf16() and kind != "bdlm" else torch.float32
+        return torch.bfloat16 if native_bf16() else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
@@ -109,7 +107,7 @@ def load_lm(cfg: LlmConfig) -> LoadedLM:
         raise ModelLoadError(f"no model at {path} (config.json missing)")
     kind = detect_kind(path) if cfg.kind == "auto" else cfg.kind
     try:
-        dtype = torch_dtype(cfg.dtype, kind)
+        dtype = torch_dtype(cfg.dtype)
         if kind == "masked_lm":
             return _load_masked_lm(path, dtype)
         if kind == "bdlm":
