@@ -84,6 +84,10 @@ def test_config_rejects_unknown_and_invalid_keys(tmp_path) -> None:
         parse_config({"llm": {"steps": 0}})
     with pytest.raises(ConfigError, match=r"llm.*min_tokens must not exceed max_tokens"):
         parse_config({"llm": {"min_tokens": 40, "max_tokens": 32}})
+    for key, value in (("temperature", -0.1), ("top_p", 0.0), ("seed", -1)):
+        with pytest.raises(ConfigError, match=rf"llm\.{key}"):
+            parse_config({"llm": {key: value}})
+    assert parse_config({"llm": {"seed": None}}).llm.seed is None
     with pytest.raises(ConfigError, match="budgets"):
         parse_config({"budgets": {"llm_block_ms": 5000}})
     bad = tmp_path / "c.yaml"
