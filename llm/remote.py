@@ -122,6 +122,11 @@ class RemoteResponder:
         self.cancelled = 0  # closed by us before the end (a cancelled speculation, a missed deadline)
         self.failed = 0
 
+    @property
+    def name(self) -> str:
+        """The model the server runs, as plugins report it."""
+        return self.ocfg.model
+
     @classmethod
     def load(cls, cfg: LlmConfig, turn_end: bool = True) -> RemoteResponder:
         """``turn_end`` and ``llm.openai.local_turn_end``: load the embedded MDLM for the probe."""

@@ -125,6 +125,11 @@ class Responder:
         if self.turn_end is not None:
             self.turn_end.prepare(self.probe_lm)  # now, not on a call's first hypothesis
 
+    @property
+    def name(self) -> str:
+        """The reply model, as plugins report it: ``voice-agent-bdlm`` for the embedded one."""
+        return f"voice-agent-{self.lm.kind}"
+
     @classmethod
     def load(cls, cfg: LlmConfig | None = None, turn_end: bool = True) -> Responder:
         """``turn_end=False``: replies only, no end-of-turn probe (and no second model for it)."""

@@ -167,6 +167,7 @@ async def test_stt_flush_finalizes_at_once_and_recognize_works(agent: Any) -> No
 @needs_agent
 async def test_llm_plugin_yields_the_diffusion_block(agent: Any) -> None:
     plugin = DiffusionLLM(agent.responder)
+    assert plugin.model == "voice-agent-bdlm"  # the embedded block diffusion LM
     ctx = llm.ChatContext.empty()
     ctx.add_message(role="user", content="hello, how are you today?")
     chunks = [c async for c in plugin.chat(chat_ctx=ctx)]

@@ -1,7 +1,7 @@
 """Our diffusion LM responder as a livekit-agents LLM plugin.
 
-A masked diffusion LM does not stream tokens: it denoises a whole block at once. The plugin
-therefore yields each decoded response block as one chat chunk (then a usage chunk). The
+A diffusion LM does not stream tokens: it denoises a whole block at once. The plugin
+therefore yields each decoded reply as one chat chunk (then a usage chunk). The
 last user message is the prompt; earlier user/assistant pairs are the history (the
 responder keeps as many as ``llm.history_turns`` says). System instructions are ignored: the
 model was trained with its own persona and has no instruction following.
@@ -44,7 +44,7 @@ class DiffusionLLM(llm.LLM):
 
     @property
     def model(self) -> str:
-        return "voice-agent-mdlm"
+        return self.responder.name
 
     @property
     def provider(self) -> str:

@@ -49,7 +49,7 @@ class DiffusionLLMService(LLMService):
     def __init__(self, responder: Responder, *, deadline_s: float | None = None, **kwargs: Any) -> None:
         """``deadline_s``: per-reply compute budget for anytime decoding (None: all steps)."""
         kwargs.setdefault("settings", LLMSettings(
-            model="voice-agent-mdlm", system_instruction=None, temperature=None, max_tokens=None, top_p=None,
+            model=responder.name, system_instruction=None, temperature=None, max_tokens=None, top_p=None,
             top_k=None, frequency_penalty=None, presence_penalty=None, seed=None,
             filter_incomplete_user_turns=False, user_turn_completion_config=None,
         ))
