@@ -211,8 +211,9 @@ def seed_rows(base: LlmConfig, texts: list[str], judge: LinkGrammarJudge, ar: Ar
     """The diffusion LM's quality columns under ``llm.seed`` 0..n-1 (the config otherwise as
     given), printed with each column's median."""
     rows = []
+    resp = Responder.load(base, turn_end=False)
     for seed in range(n):
-        resp = Responder.load(base.model_copy(update={"seed": seed}), turn_end=False)
+        resp.cfg = base.model_copy(update={"seed": seed})  # the seed is read per reply
         d = run_responder(resp, texts, None)
         row = score(f"block diffusion, seed {seed}", texts, [r.text for r in d], judge, ar,
                     [r.ids for r in d], [r.ended for r in d])
