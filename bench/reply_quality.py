@@ -219,8 +219,12 @@ def seed_rows(base: LlmConfig, texts: list[str], judge: LinkGrammarJudge, ar: Ar
                     [r.ids for r in d], [r.ended for r in d])
         print(json.dumps(row), flush=True)
         rows.append(row)
-    print(json.dumps({"seed_medians": {c: statistics.median(r[c] for r in rows) for c in QUALITY_COLUMNS}}))
+    print(json.dumps({"seed_medians": medians(rows)}))
     return rows
+
+
+def medians(rows: list[dict]) -> dict[str, float]:
+    return {c: statistics.median(r[c] for r in rows) for c in QUALITY_COLUMNS}
 
 
 def main() -> int:
@@ -300,7 +304,7 @@ def main() -> int:
         }
         if seed_runs:
             out["seed_runs"] = seed_runs
-            out["seed_medians"] = {c: statistics.median(r[c] for r in seed_runs) for c in QUALITY_COLUMNS}
+            out["seed_medians"] = medians(seed_runs)
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2, ensure_ascii=False))
     return 0

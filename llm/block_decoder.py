@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -234,29 +234,29 @@ class BlockDiffusionDecoder:
         open_at = [i for i, t in enumerate(block) if t is None]
         leftmost = open_at[0]
 
-        def allowed(i: int) -> list[int]:
+        def allowed(i: int) -> Iterator[int]:
             """Ranks (into ``top_t[i]``, most likely first) of the tokens position ``i`` may take."""
             left = block[i - 1] if i > 0 else (said[-1] if said else None)
             right = block[i + 1] if i + 1 < len(block) else None
             banned = self._repeated_ngram_ends(said, block, i, opts.no_repeat_ngram)
-            ok = []
             for k in range(top_t.shape[1]):
                 t = int(top_t[i, k])
                 if t in ends:
                     if i == leftmost and len(said) + i >= opts.min_tokens:
-                        ok.append(k)
+                        yield k
                 elif (not opts.no_adjacent_repeat or t not in (left, right)) and (
                     t not in banned or t in self.continuations
                 ):
-                    ok.append(k)
-            return ok or [top_t.shape[1] - 1]
+                    yield k
+
+        last = top_t.shape[1] - 1  # taken when no candidate is allowed
 
         def pick(i: int) -> tuple[int, float]:
-            k = allowed(i)[0]
+            k = next(allowed(i), last)
             return int(top_t[i, k]), float(top_p[i, k])
 
         def draw(i: int) -> tuple[int, float]:
-            ks = allowed(i)
+            ks = list(allowed(i)) or [last]
             w = top_p[i, ks].double() ** (1.0 / opts.temperature)
             w = w / w.sum()
             keep = int((w.cumsum(0) - w < opts.top_p).sum())  # the nucleus: the first tokens up to top_p
