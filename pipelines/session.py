@@ -497,10 +497,13 @@ class CallSession(SpeculationPath):
         self._note_hypothesis(utt, upd.audio_end)
         self._maybe_cut(utt)
         self.turn_end.get(upd.partial)  # start the LM's opinion now: it is ready if this is the end
-        # A partial that already reads as a finished sentence starts a speculation of its own:
-        # if the caller stops here, the reply is ready before the pause is even detected.
+        # A partial that already reads as a finished sentence, and hears every voiced frame
+        # so far (the caller has not spoken since its audio ended), starts a speculation of its
+        # own: if the caller stops here, the reply is ready before the pause is even detected.
+        # One the caller has already talked past would be answered for nothing.
         if (
             self.cfg.turn.speculation
+            and covers(upd.audio_end, utt.user_speech_end_s)
             and completeness(upd.partial) >= LOOKS_DONE
             and asyncio.current_task() is not self._awaited_by_pause
             and not any(x.text is not None and same_words(x.text, upd.partial) for x in self._specs)

@@ -44,7 +44,7 @@ class SpeculationPath(ReplyPath):
 
         spec = Speculation(samples=samples, started_t=self.clock.now(), asr=asyncio.ensure_future(known()))
         spec.text = text
-        self._chain(spec)
+        self._chain(spec, "partial")
         return spec
 
     def _add_spec(self, spec: Speculation) -> None:
@@ -55,10 +55,12 @@ class SpeculationPath(ReplyPath):
             self._specs.remove(oldest)
         self._specs.append(spec)
 
-    def _chain(self, spec: Speculation) -> None:
+    def _chain(self, spec: Speculation, on: str) -> None:
+        """Starts the reply and first-clause chain of ``spec``, begun ``on`` a "pause" or a
+        "partial" that reads as finished."""
         utt = self.utt
         assert utt is not None
-        utt.speculation["started"].append({"t": round(spec.started_t, 3)})
+        utt.speculation["started"].append({"t": round(spec.started_t, 3), "on": on})
         self.bus.emit(SpeculationStarted(self.session_id, spec.started_t, text=spec.text or ""))
         history = list(self.history)
 
@@ -144,7 +146,7 @@ class SpeculationPath(ReplyPath):
         spec.asr.add_done_callback(self._bg.discard)
         spec.asr.add_done_callback(lambda _: self._on_evidence())
         if chain:
-            self._chain(spec)
+            self._chain(spec, "pause")
         return spec
 
     def _note_hypothesis(self, utt: TurnRecord, audio_end: float) -> None:

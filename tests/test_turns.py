@@ -208,6 +208,28 @@ async def test_a_reply_landing_at_the_commit_has_its_first_clause_synthesised_on
     assert tts.said == split_for_speech(slow.reply, 3), tts.said  # each clause once: the first not twice
 
 
+async def test_a_partial_the_caller_talked_past_starts_no_speculation() -> None:
+    # "I need a taxi." reads as finished, but the caller is still speaking when its partial
+    # lands: answering it would be work for nothing (at four calls on two cores, such replies
+    # were most of the speculative work). Only words the caller may have stopped at are answered.
+    segs = [Seg(0.5, 1.3, "I need a taxi."), Seg(1.3, 3.0, "to the station please.")]
+    session, out, events, responder, _ = make_session(segs, asr=RealTimeFakeAsr(segs))
+    await session.start()
+    for i in range(int(5.0 * RATE / FRAME)):  # frames keep coming while the ASR works
+        t = i * FRAME / RATE
+        level = next((1000 * (k + 1) for k, s in enumerate(segs) if s.start <= t < s.end), 0)
+        await session.push_audio(AudioFrame(np.full(FRAME, level, dtype=np.int16), RATE, t))
+        await asyncio.sleep(0.005)
+    await session.idle()
+    report = await session.close()
+    (turn,) = report["turns"]
+    assert turn["transcript"] == "I need a taxi. to the station please."
+    assert any(p["text"] == "I need a taxi." for p in turn["partials"])  # it was heard, mid-speech
+    starts = turn["speculation"]["started"]
+    assert starts and all(s["t"] >= 3.0 for s in starts if s["on"] == "partial"), starts
+    assert responder.calls == ["I need a taxi. to the station please."]  # answered once, whole
+
+
 @pytest.mark.parametrize("tail_ms", [40, 0])
 async def test_tail_partial_is_the_final_transcript(tail_ms: int) -> None:
     segs = [Seg(0.5, 2.0, "Can you hear me?")]
