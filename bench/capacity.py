@@ -1,7 +1,7 @@
 """Capacity: how many simultaneous calls one box holds before callers hear it.
 
     python bench/capacity.py [--levels 1 2 3 4] [--calls-per-level 8] [--split test] [--json PATH]
-                             [--plot PATH.svg] [--sip]
+                             [--plot PATH.svg] [--sip] [--same-calls] [--keep DIR]
 
 For each level N, rounds of N calls from the evaluation set (`bench/eval_calls.py`) are
 replayed at once through ``voice-agent replay --concurrent`` (`pipelines.replay_concurrent`,
@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import machine  # noqa: E402
 from eval_calls import load_calls  # noqa: E402
 from turn_gap import caller_levels, judge, summary  # noqa: E402
 
@@ -73,8 +74,11 @@ def largest_holding(curve: list[dict[str, Any]], p95_ms: float) -> int:
     return best
 
 
-async def replay_round(agent: Any, rnd: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
-    """One round through `replay --concurrent`: the calls judged from their OUT.wav, and the violations."""
+async def replay_round(
+    agent: Any, rnd: list[dict[str, Any]], keep: Path | None = None
+) -> tuple[list[dict[str, Any]], int]:
+    """One round through `replay --concurrent`: the calls judged from their OUT.wav, and the
+    violations. ``keep``: a folder to leave each call's OUT.wav and report in."""
     from pipelines.replay_concurrent import CallInput, replay_concurrent
     from voice.audio import read_wav
 
@@ -83,8 +87,10 @@ async def replay_round(agent: Any, rnd: list[dict[str, Any]]) -> tuple[list[dict
         pcm, rate = read_wav(c["wav"])
         inputs.append(CallInput(c["id"], Path(c["wav"]), pcm, rate))
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
+        out = keep or Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
         s = await replay_concurrent(agent, inputs, out, out)
+        (out / "summary.json").unlink(missing_ok=True)  # the next round's would replace it
         return judge_round(rnd, out), s["overall"]["violations"]
 
 
@@ -128,9 +134,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 judged: list[dict[str, Any]] = []
                 cpu_s = wall_s = 0.0
                 violations = 0
-                for i, rnd in enumerate(rounds_for(calls, n, args.calls_per_level, offset=n)):
+                offset = 0 if args.same_calls else n
+                for i, rnd in enumerate(rounds_for(calls, n, args.calls_per_level, offset=offset)):
                     cpu0, t0 = time.process_time(), time.monotonic()
-                    j, v = await round_fn(agent, rnd)
+                    if leg == "replay" and args.keep is not None:
+                        j, v = await replay_round(agent, rnd, args.keep / f"n{n}")
+                    else:
+                        j, v = await round_fn(agent, rnd)
                     cpu_s += time.process_time() - cpu0
                     wall_s += time.monotonic() - t0
                     judged += j
@@ -147,6 +157,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         await agent.aclose()
     out: dict[str, Any] = {"split": args.split, "calls_per_level": args.calls_per_level, "p95_bound_ms": args.p95_ms,
+                           "same_calls": args.same_calls,
                            "cores": os.cpu_count(), "curve": curves["replay"],
                            "capacity": largest_holding(curves["replay"], args.p95_ms)}
     if "sip" in curves:
@@ -202,10 +213,16 @@ def main() -> None:
     ap.add_argument("--config")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path, help="draw the curve to this file (SVG or PNG)")
+    ap.add_argument("--same-calls", action="store_true",
+                    help="every level hears the same calls (the first --calls-per-level of the split), so "
+                         "the levels differ only in how many run at once; by default each level starts "
+                         "further into the split")
+    ap.add_argument("--keep", type=Path,
+                    help="leave the replay leg's OUT.wav files and reports in this folder (KEEP/n<N>/)")
     ap.add_argument("--sip", action="store_true",
                     help="also dial every round through the SIP bridge with sipp (PCMU; needs root and sipp)")
     args = ap.parse_args()
-    out = asyncio.run(run(args))
+    out = {"machine": machine.cpu(), **asyncio.run(run(args))}
     if args.plot:
         plot(out, args.plot, args.p95_ms)
     print(json.dumps(out, indent=2))
