@@ -11,7 +11,7 @@ decides a turn (`CallSession` does) and never plays audio (`ReplyPath` does, aft
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -55,7 +55,7 @@ class SpeculationPath(ReplyPath):
             self._specs.remove(oldest)
         self._specs.append(spec)
 
-    def _chain(self, spec: Speculation, on: str) -> None:
+    def _chain(self, spec: Speculation, on: Literal["pause", "partial"]) -> None:
         """Starts the reply and first-clause chain of ``spec``, begun ``on`` a "pause" or a
         "partial" that reads as finished."""
         utt = self.utt

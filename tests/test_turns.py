@@ -135,6 +135,18 @@ async def play_script(
             after_frame(t)
 
 
+async def play_while_engines_work(session: CallSession, segs: list[Seg], total_s: float) -> None:
+    """`play_script` without waiting for the session between frames: frames keep coming (5 ms
+    apart) while engines that take real time work, then the session settles."""
+    await session.start()
+    for i in range(int(total_s * RATE / FRAME)):
+        t = i * FRAME / RATE
+        level = next((1000 * (k + 1) for k, s in enumerate(segs) if s.start <= t < s.end), 0)
+        await session.push_audio(AudioFrame(np.full(FRAME, level, dtype=np.int16), RATE, t))
+        await asyncio.sleep(0.005)
+    await session.idle()
+
+
 async def test_speculation_hit_plays_prepared_reply_at_once() -> None:
     segs = [Seg(0.5, 2.0, "Can you hear me?")]
     session, out, events, responder, _ = make_session(segs)
@@ -195,13 +207,7 @@ async def test_a_reply_landing_at_the_commit_has_its_first_clause_synthesised_on
     session, out, events, responder, _ = make_session(segs, cfg, asr=RealTimeFakeAsr(segs))
     slow, tts = SlowFakeResponder(session.clock), RecordingFakeTts(session.clock)  # type: ignore[arg-type]
     session.engines.responder, session.engines.tts = slow, tts  # type: ignore[misc]
-    await session.start()
-    for i in range(int(4.0 * RATE / FRAME)):  # frames keep coming while the engines work
-        t = i * FRAME / RATE
-        level = 1000 if segs[0].start <= t < segs[0].end else 0
-        await session.push_audio(AudioFrame(np.full(FRAME, level, dtype=np.int16), RATE, t))
-        await asyncio.sleep(0.005)
-    await session.idle()
+    await play_while_engines_work(session, segs, 4.0)
     report = await session.close()
     (turn,) = report["turns"]
     assert slow.calls == ["I need a table for two."]  # one reply: the speculation's, reused
@@ -214,13 +220,7 @@ async def test_a_partial_the_caller_talked_past_starts_no_speculation() -> None:
     # were most of the speculative work). Only words the caller may have stopped at are answered.
     segs = [Seg(0.5, 1.3, "I need a taxi."), Seg(1.3, 3.0, "to the station please.")]
     session, out, events, responder, _ = make_session(segs, asr=RealTimeFakeAsr(segs))
-    await session.start()
-    for i in range(int(5.0 * RATE / FRAME)):  # frames keep coming while the ASR works
-        t = i * FRAME / RATE
-        level = next((1000 * (k + 1) for k, s in enumerate(segs) if s.start <= t < s.end), 0)
-        await session.push_audio(AudioFrame(np.full(FRAME, level, dtype=np.int16), RATE, t))
-        await asyncio.sleep(0.005)
-    await session.idle()
+    await play_while_engines_work(session, segs, 5.0)
     report = await session.close()
     (turn,) = report["turns"]
     assert turn["transcript"] == "I need a taxi. to the station please."
