@@ -44,6 +44,13 @@ ADVERBS = frozenset("not never even also just really already still probably only
 _WORD = re.compile(r"[A-Za-z'-]+")
 
 
+def elapsed_ms(start_s: float, end_s: float) -> float:
+    """Milliseconds from one call time to another, to the microsecond. Call times are sums of
+    frame durations in floating point, so 18 frames after a voiced frame can read 359.99999 ms:
+    compared raw with a 360 ms wait, that turn waited for the next frame, 20 ms more."""
+    return round((end_s - start_s) * 1000.0, 3)
+
+
 # How often a turn is over when its words end like this, before any other evidence: a question
 # or exclamation almost always ends one; Whisper's full stop mostly does (it also puts one after
 # fragments); bare words are an even chance; a trailing function word or comma almost never is.

@@ -30,7 +30,14 @@ from pydantic import ValidationError
 from llm.remote import RemoteResponder
 from llm.responder import Responder
 from pipelines.config import AgentConfig, BudgetConfig, ConfigError, format_validation_error
-from pipelines.endpointing import LOOKS_DONE, Endpointer, completeness, nearly_function_word, surface_kind
+from pipelines.endpointing import (
+    LOOKS_DONE,
+    Endpointer,
+    completeness,
+    elapsed_ms,
+    nearly_function_word,
+    surface_kind,
+)
 from pipelines.events import (
     Dtmf,
     EndpointDecision,
@@ -391,9 +398,9 @@ class CallSession(SpeculationPath):
             self._pause_voiced_t = t
         elif not self._committed:
             self.utt.user_speech_end_s = t
-        run = t - (self._speech_run_start if self._speech_run_start is not None else t)
+        run_ms = elapsed_ms(self._speech_run_start if self._speech_run_start is not None else t, t)
         if self.cfg.turn.barge_in and self._agent_audible() and self._playing is not self.utt:
-            if run * 1000 >= self.cfg.turn.barge_in_min_ms:
+            if run_ms >= self.cfg.turn.barge_in_min_ms:
                 self._barge_in(t)
 
     def _caller_resumed(self, t: float) -> None:
@@ -436,7 +443,7 @@ class CallSession(SpeculationPath):
         self._pause_voiced_t = None
         # the pause's sound so far: the turn's audio and the silence since its last word
         self.turn_audio.ask(t, lambda: np.concatenate([self.asr.recent(8.0), *self._pause_buf]))
-        if self._started_over_agent and (t - self.utt.user_speech_start_s) * 1000 < self.cfg.turn.barge_in_min_ms:
+        if self._started_over_agent and elapsed_ms(self.utt.user_speech_start_s, t) < self.cfg.turn.barge_in_min_ms:
             # a short "uh-huh" over the agent is a backchannel, not a turn
             self.utt = None
             return
@@ -565,7 +572,7 @@ class CallSession(SpeculationPath):
     def _maybe_endpoint(self) -> None:
         if self.utt is None or self._committed or not self._in_pause:
             return
-        silence_ms = (self._audio_t - max(self.utt.user_speech_end_s, self._pause_voiced_t or 0.0)) * 1000
+        silence_ms = elapsed_ms(max(self.utt.user_speech_end_s, self._pause_voiced_t or 0.0), self._audio_t)
         heard, audio_prob = self.turn_audio.get(self.utt.user_speech_end_s)
         if not heard and silence_ms < self.cfg.turn.max_silence_ms:
             return  # Smart Turn's opinion of this pause is a few ms away

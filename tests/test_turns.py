@@ -630,6 +630,18 @@ async def test_wasted_compute_stops_counting_when_the_speculation_finished() -> 
     assert slow.cancel() >= 0.09  # still running: it worked until now
 
 
+@pytest.mark.parametrize("end_s", [1.0, 1.08, 1.1, 1.32, 1.58, 1.62])
+async def test_a_turn_commits_on_the_frame_its_wait_runs_out(end_s: float) -> None:
+    # call times are float sums of frames: at these ends the silence read 79.99999 ms on the
+    # frame where the 80 ms wait ran out, and the turn committed a frame (20 ms) later
+    segs = [Seg(0.5, end_s, "Thanks.")]
+    session, *_ = make_session(segs)
+    await play_script(session, segs, end_s + 1.5)
+    (turn,) = (await session.close())["turns"]
+    assert turn["endpoint"]["reason"] == "complete"
+    assert turn["endpoint"]["silence_ms"] == turn["endpoint"]["required_ms"] == AgentConfig().turn.min_silence_ms
+
+
 def test_audio_covers_the_last_voiced_frame_despite_float_sums() -> None:
     audio_end = 0.0
     for _ in range(550):
