@@ -50,7 +50,7 @@ class TurnConfig(Section):
     min_silence_ms: int = Field(80, ge=0, le=3000, description="silence before a complete-looking turn commits")
     incomplete_silence_ms: int = Field(900, ge=0, le=5000, description="silence after a trailing function word")
     agree_silence_ms: int = Field(
-        360, ge=0, le=5000, description="with Smart Turn: silence when the words and the pause's sound both say done")
+        380, ge=0, le=5000, description="with Smart Turn: silence when the words and the pause's sound both say done")
     disagree_silence_ms: int = Field(
         800, ge=0, le=5000, description="with Smart Turn: silence when the words and the pause's sound disagree")
     max_silence_ms: int = Field(1200, ge=0, le=10000, description="commit regardless after this much silence")
