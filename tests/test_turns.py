@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -121,28 +121,32 @@ def make_session(
     return session, out, events, responder, tts
 
 
+def scripted_frames(segs: list[Seg], total_s: float) -> Iterator[AudioFrame]:
+    """The script's 20 ms frames: segment k at level 1000*(k+1), silence elsewhere."""
+    for i in range(int(total_s * RATE / FRAME)):
+        t = i * FRAME / RATE
+        level = next((1000 * (k + 1) for k, s in enumerate(segs) if s.start <= t < s.end), 0)
+        yield AudioFrame(np.full(FRAME, level, dtype=np.int16), RATE, t)
+
+
 async def play_script(
     session: CallSession, segs: list[Seg], total_s: float, after_frame: Callable[[float], None] | None = None
 ) -> None:
     """Feed the scripted audio frame by frame; ``after_frame(t)`` runs once each frame is handled."""
     await session.start()
-    for i in range(int(total_s * RATE / FRAME)):
-        t = i * FRAME / RATE
-        level = next((1000 * (k + 1) for k, s in enumerate(segs) if s.start <= t < s.end), 0)
-        await session.push_audio(AudioFrame(np.full(FRAME, level, dtype=np.int16), RATE, t))
+    for frame in scripted_frames(segs, total_s):
+        await session.push_audio(frame)
         await session.idle()
         if after_frame is not None:
-            after_frame(t)
+            after_frame(frame.timestamp)
 
 
 async def play_while_engines_work(session: CallSession, segs: list[Seg], total_s: float) -> None:
     """`play_script` without waiting for the session between frames: frames keep coming (5 ms
     apart) while engines that take real time work, then the session settles."""
     await session.start()
-    for i in range(int(total_s * RATE / FRAME)):
-        t = i * FRAME / RATE
-        level = next((1000 * (k + 1) for k, s in enumerate(segs) if s.start <= t < s.end), 0)
-        await session.push_audio(AudioFrame(np.full(FRAME, level, dtype=np.int16), RATE, t))
+    for frame in scripted_frames(segs, total_s):
+        await session.push_audio(frame)
         await asyncio.sleep(0.005)
     await session.idle()
 
