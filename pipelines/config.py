@@ -74,6 +74,9 @@ class TurnConfig(Section):
         True, description="take a reply back at the caller's first voiced frame in the take-back window, "
                           "not at the VAD's speech start")
     barge_in_min_ms: int = Field(300, ge=0, le=3000, description="caller speech shorter than this is a backchannel")
+    resume_false_interruption: bool = Field(
+        True, description="a barge-in whose sound had no words (a cough, a door, line noise) was not the caller "
+                          "taking the turn: the agent says again the sentence it was cut off in, and the rest")
     fallback: bool = False
     fallback_text: str = "Mm-hmm."
 

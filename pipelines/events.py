@@ -96,6 +96,16 @@ class Interrupt(Event):
 
 
 @dataclass
+class Resume(Event):
+    """A false interruption: the barge-in's sound had no words, so the agent goes on with the
+    reply it cut, from the start of the sentence the caller was cut off in (``text``)."""
+
+    turn: int = 0
+    text: str = ""
+    kind: str = field(init=False, default="resume")
+
+
+@dataclass
 class Dtmf(Event):
     digit: str = ""
     duration_ms: int = 0

@@ -142,6 +142,9 @@ class AgentMetrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.false_interruptions = Counter(
+            "false_interruptions", "Barge-ins with no words in them, after which the cut reply went on",
+            ["transport"], namespace=NAMESPACE, registry=r)
         self.dtmf = Counter("dtmf_digits", "DTMF digits received", ["transport"], namespace=NAMESPACE, registry=r)
         self.sessions = Counter("sessions", "Calls started", ["transport"], namespace=NAMESPACE, registry=r)
         self.sessions_active = Gauge("sessions_active", "Calls in progress", namespace=NAMESPACE, registry=r)
@@ -178,6 +181,8 @@ class AgentMetrics:
             self.llm_errors.labels(transport, str(getattr(ev, "error", ""))).inc()
         elif kind == "interrupt":
             self.interruptions.labels(transport).inc()
+        elif kind == "resume":
+            self.false_interruptions.labels(transport).inc()
         elif kind == "dtmf":
             self.dtmf.labels(transport).inc()
         elif kind == "session/end":

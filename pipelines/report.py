@@ -30,6 +30,7 @@ class TurnRecord:
     agent_audible_s: float | None = None
     vad_gap_ms: float | None = None
     interrupted: bool = False
+    resumed_s: float | None = None  # a false interruption: when the cut reply went on again
     speculation: dict[str, Any] = field(default_factory=lambda: {"used": False, "hit": False, "started": [],
                                                                   "wasted_ms": 0.0, "warm_starts": 0})
     endpoint: dict[str, Any] = field(default_factory=dict)
@@ -46,7 +47,7 @@ class TurnRecord:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for k in ("user_speech_start_s", "user_speech_end_s", "agent_audio_start_s", "agent_audio_end_s",
-                  "first_content_audio_s", "speech_end_s", "agent_audible_s"):
+                  "first_content_audio_s", "speech_end_s", "agent_audible_s", "resumed_s"):
             if d[k] is not None:
                 d[k] = round(d[k], 3)
         if d["gap_ms"] is not None:
@@ -77,6 +78,7 @@ def summarize(turns: list[dict[str, Any]]) -> dict[str, Any]:
         "gap_p95_ms": _r(percentile(gaps, 95)),
         "violations": sum(len(t.get("violations", [])) for t in turns),
         "interrupted": sum(1 for t in turns if t.get("interrupted")),
+        "resumed": sum(1 for t in turns if t.get("resumed_s") is not None),
         "speculation_hit_rate": round(hits / len(spec), 3) if spec else None,
         "speculation_wasted_ms": round(sum(t["speculation"].get("wasted_ms", 0.0) for t in turns), 1),
         "fallbacks": sum(1 for t in turns if t.get("first_audio") == "fallback"),

@@ -63,7 +63,10 @@ def _row(turn: dict[str, Any], budgets: dict[str, float]) -> list[Any]:
     span = f"{start:.2f}–{end:.2f}" if start is not None and end is not None else "?"
     said = Text(_short(turn.get("transcript"), 120), style="bold")
     said.append("\n→ " + _short(turn.get("response") or "(no reply)", 120), style="italic")
-    if turn.get("interrupted"):
+    resumed = _num(turn.get("resumed_s"))
+    if turn.get("interrupted") and resumed is not None:
+        said.append(f"\n✂ barge-in with no words; went on at {resumed:.2f} s", style="yellow")
+    elif turn.get("interrupted"):
         said.append(f"\n✂ barge-in; heard: {_short(turn.get('heard_response'), 60)!r}", style="yellow")
     if turn.get("first_audio") == "fallback":
         said.append("\nfallback audio first", style="yellow")
@@ -116,7 +119,7 @@ def _summary_line(report: dict[str, Any], budgets: dict[str, float]) -> Text:
     if cache_rate is not None:
         parts.append(f"cache hits {s.get('cache_hits', 0)} ({cache_rate:.0%})")
     if s.get("interrupted"):
-        parts.append(f"barge-ins {s['interrupted']}")
+        parts.append(f"barge-ins {s['interrupted']}" + (f" ({s['resumed']} with no words)" if s.get("resumed") else ""))
     dtmf = report.get("dtmf") or []
     if dtmf:
         parts.append("dtmf " + "".join(str(d.get("digit", "")) for d in dtmf if isinstance(d, dict)))

@@ -51,6 +51,7 @@ from pipelines.events import (
 )
 from pipelines.reply_cache.cache import ReplyCache
 from pipelines.report import TurnRecord, summarize
+from pipelines.session_reply import CutReply
 from pipelines.session_speculation import SpeculationPath
 from pipelines.speculation import Speculation, covers, same_words
 from pipelines.transport import AudioClock, AudioOutput, Clock
@@ -145,6 +146,10 @@ class CallSession(SpeculationPath):
         # a turn whose reply is all queued but still playing: its one `turn` event goes out
         # when the caller has heard it to the end, or at barge-in, or when the call ends
         self._unannounced: TurnRecord | None = None
+        # a reply the caller barged into, its `turn` event held until their words are known:
+        # none (a false interruption) and it goes on (`ReplyPath._resume_cut_reply`)
+        self._cut: CutReply | None = None
+        self._resume_base = 0  # words of the playing turn's reply before the part said again
         self._announced: set[int] = set()  # id() of the turns whose event went out
         self._bg: set[asyncio.Task[Any]] = set()
         self.turn_end = TurnEndOpinions(
@@ -174,6 +179,7 @@ class CallSession(SpeculationPath):
             self._specs.clear()
             if self.utt is not None and self.utt not in self.turns and self.utt.transcript:
                 self.turns.append(self.utt)
+            self._settle_cut()
             if self._unannounced is not None:
                 self._announce(self._unannounced, self.clock.now())
             self.bus.emit(SessionEnd(self.session_id, self.clock.now(), reason=reason, turns=len(self.turns)))
@@ -631,10 +637,13 @@ class CallSession(SpeculationPath):
         self._cancel_response()
         self._playing = None
         turn.interrupted = True
-        total_s = (turn.agent_audio_end_s or self.output.busy_until()) - (turn.agent_audio_start_s or t)
         words = turn.response.split()
+        before, start = 0, turn.agent_audio_start_s
+        if turn.resumed_s is not None:  # cut again, in the part said again after a false interruption
+            before, start = self._resume_base, turn.resumed_s
+        total_s = (turn.agent_audio_end_s or self.output.busy_until()) - (start or t)
         frac = 1.0 if total_s <= 0 else min(1.0, heard_s / max(total_s, 1e-3))
-        turn.heard_response = " ".join(words[: int(round(frac * len(words)))])
+        turn.heard_response = " ".join(words[: before + int(round(frac * (len(words) - before)))])
         turn.agent_audio_end_s = t
         # the history keeps only what the caller heard
         if self.history and self.history[-1][0] == turn.transcript:
@@ -642,7 +651,14 @@ class CallSession(SpeculationPath):
         self.bus.emit(Interrupt(self.session_id, t, turn=turn.index, heard_text=turn.heard_response))
         if self._unannounced is not None and self._unannounced is not turn:
             self._announce(self._unannounced, t)
-        self._announce(turn, t)
+        self._settle_cut()
+        if self.cfg.turn.resume_false_interruption and self.utt is not None and self.utt is not turn:
+            # final once the caller's words are known: none, and the reply goes on
+            self._cut = CutReply(turn, self.utt, len(turn.heard_response.split()))
+            if self._unannounced is turn:
+                self._unannounced = None
+        else:
+            self._announce(turn, t)
 
     def _cancel_response(self) -> None:
         if self._responding is not None and not self._responding.done():

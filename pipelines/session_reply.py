@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,7 +21,7 @@ import numpy as np
 from llm.remote_errors import RemoteLmError
 from llm.responder import Reply
 from pipelines.budgets import stage_violations
-from pipelines.events import CacheState, LlmError, TurnCompleted, Violation
+from pipelines.events import CacheState, LlmError, Resume, TurnCompleted, Violation
 from pipelines.reply_cache.cache import Lookup
 from pipelines.reply_cache.entry import CachedReply
 from pipelines.report import TurnRecord
@@ -29,6 +30,7 @@ from voice.asr import SAMPLE_RATE as ASR_RATE
 from voice.asr import normalize_words
 from voice.audio import StreamResampler
 from voice.level import LevelTrack, first_audible_offset
+from voice.tts import unheard_sentences
 from voice.workers import AHEAD
 
 if TYPE_CHECKING:
@@ -40,6 +42,15 @@ if TYPE_CHECKING:
     from voice.asr import StreamingASR
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class CutReply:
+    """A reply the caller barged into, held until the barge-in's words are known."""
+
+    turn: TurnRecord  # the turn whose reply was cut
+    by: TurnRecord  # the caller turn that cut it
+    heard_words: int  # of the reply, by the time heard
 
 
 class ReplyPath:
@@ -66,6 +77,8 @@ class ReplyPath:
     _playing: TurnRecord | None
     _unannounced: TurnRecord | None
     _announced: set[int]
+    _cut: CutReply | None
+    _resume_base: int
     _out_rs: StreamResampler | None
     _fallback_pcm: dict[str, np.ndarray]
     _cache_up: bool
@@ -162,7 +175,10 @@ class ReplyPath:
             self.turns = [x for x in self.turns if x is not utt]
             if self.utt is utt:
                 self.utt = None
+            if self._cut is not None and self._cut.by is utt:
+                await self._resume_cut_reply(self._cut)
             return
+        self._settle_cut()  # the caller did take the turn: the reply they cut stays cut
         # 2. reply block: from the cache, else reuse a speculation on the same words, else regenerate
         spec = self._matching_spec(-1, utt.transcript)
         look = await self._cache_lookup(utt)
@@ -300,6 +316,51 @@ class ReplyPath:
             self._announce(self._unannounced, self.clock.now())
         self._unannounced = utt
         self._announce_if_heard()
+
+    async def _resume_cut_reply(self, cut: CutReply) -> None:
+        """A false interruption: the barge-in that cut ``cut.turn``'s reply had no words in it
+        (a cough, a door, line noise). The reply goes on from the start of the sentence the
+        caller was cut off in, as a person picks up again, and the turn is final once it has
+        been heard (or cut again)."""
+        self._cut = None
+        turn = cut.turn
+        text = unheard_sentences(turn.response, cut.heard_words)
+        if not text or self._playing is not None or self.muted:
+            self._announce(turn, self.clock.now())
+            return
+        parts = self.engines.tts.split(text)
+        first = await self._synth(parts[0])
+        if self._playing is not None:  # another reply began meanwhile
+            self._announce(turn, self.clock.now())
+            return
+        self._playing = turn
+        self._begin_output(turn.index)
+        self._resume_base = len(turn.response.split()) - len(text.split())
+        turn.agent_audio_end_s = None
+        turn.heard_response = turn.response
+        if self.history and self.history[-1][0] == turn.transcript:
+            self.history[-1] = (turn.transcript, turn.response)
+        start = self._play(first)
+        turn.resumed_s = start if start is not None else self.clock.now()
+        self.bus.emit(Resume(self.session_id, self.clock.now(), turn=turn.index, text=text))
+        for part in parts[1:]:
+            pcm = await self._synth(part, AHEAD)
+            if self._playing is not turn:
+                break
+            self._play(pcm)
+        if self._playing is turn:
+            self._play(np.zeros(0, dtype=np.int16), last=True)
+            turn.agent_audio_end_s = self.output.busy_until()
+            if self._unannounced is not None and self._unannounced is not turn:
+                self._announce(self._unannounced, self.clock.now())
+            self._unannounced = turn
+            self._announce_if_heard()
+
+    def _settle_cut(self) -> None:
+        """A reply held after a barge-in is final as it was cut: its `turn` event goes out."""
+        if self._cut is not None:
+            turn, self._cut = self._cut.turn, None
+            self._announce(turn, turn.agent_audio_end_s or self.clock.now())
 
     async def _cache_lookup(self, utt: TurnRecord) -> Lookup | None:
         """The committed turn's reply from the cache (a speculation on the same words may have

@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipelines.events import Dtmf, EventBus, Interrupt, SessionEnd, SessionStart, TurnCompleted, Violation
+from pipelines.events import Dtmf, EventBus, Interrupt, Resume, SessionEnd, SessionStart, TurnCompleted, Violation
 from pipelines.metrics import start_metrics_server
 
 
@@ -50,6 +50,8 @@ async def test_metric_names_and_values_from_turn_events() -> None:
         bus.emit(TurnCompleted("a", 12.0, report={"index": 2, "stages": {}}))  # no reply: counted, no latencies
         bus.emit(TurnCompleted("b", 3.0, report=turn(0, 150.0, s2, {"used": True, "hit": True})))
         bus.emit(Interrupt("a", 10.0, turn=1, heard_text="sure"))
+        bus.emit(Interrupt("a", 10.5, turn=1, heard_text="sure"))
+        bus.emit(Resume("a", 11.0, turn=1, text="Sure, I can help."))  # the second had no words
         bus.emit(Dtmf("a", 11.0, digit="5"))
         bus.emit(SessionEnd("b", 5.0, turns=1))
         drops[0] = 7
@@ -71,7 +73,8 @@ async def test_metric_names_and_values_from_turn_events() -> None:
         assert m[("voice_agent_speculations_total", (("result", "hit"), *sip))] == 1
         assert m[("voice_agent_speculations_total", (("result", "miss"), *sip))] == 1
         assert m[("voice_agent_speculation_hit_rate", ())] == pytest.approx(2 / 3)
-        assert m[("voice_agent_interruptions_total", sip)] == 1
+        assert m[("voice_agent_interruptions_total", sip)] == 2
+        assert m[("voice_agent_false_interruptions_total", sip)] == 1
         assert m[("voice_agent_dtmf_digits_total", sip)] == 1
         assert m[("voice_agent_turns_total", (("transport", "webrtc"),))] == 1
         assert m[("voice_agent_sessions_total", sip)] == 1

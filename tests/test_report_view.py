@@ -122,6 +122,13 @@ def test_table_shows_every_turn_and_flags_overruns() -> None:
     assert re.search(r"\x1b\[1;31m *75\x1b", styled)  # the LLM block over its 40 ms budget, in bold red
     assert re.search(r"\x1b\[1;31m *220\x1b", styled)  # the gap over the 200 ms target
     assert re.search(r"\x1b\[32m *140\x1b", styled)  # a gap within the target, in green
+    report = sample_report()
+    report["turns"][1]["resumed_s"] = 9.5  # a barge-in with no words: the reply went on
+    report["summary"].update(interrupted=1, resumed=1)
+    wide = Console(record=True, width=200)
+    render_table(report, wide)
+    plain = wide.export_text()
+    assert "barge-in with no words; went on at 9.50 s" in plain and "(1 with no words)" in plain
 
 
 def test_plot_is_a_png_with_every_stage_drawn(tmp_path: Path) -> None:

@@ -43,6 +43,19 @@ def split_for_speech(text: str, max_first_words: int = 6, split_clauses: bool = 
     return parts
 
 
+def unheard_sentences(text: str, heard_words: int) -> str:
+    """What of ``text`` to say again after the caller heard its first ``heard_words`` words:
+    from the start of the sentence they were cut off in, so it is said whole ("" when every
+    sentence was heard to its end)."""
+    sentences = [s for s in _SENTENCE.split(" ".join(text.split())) if s]
+    said = 0
+    for i, s in enumerate(sentences):
+        said += len(s.split())
+        if heard_words < said:
+            return " ".join(sentences[i:])
+    return ""
+
+
 class TtsLoadError(RuntimeError):
     pass
 
