@@ -79,6 +79,17 @@ class TurnConfig(Section):
                           "taking the turn: the agent says again the sentence it was cut off in, and the rest")
     fallback: bool = False
     fallback_text: str = "Mm-hmm."
+    greeting: str | None = Field(
+        None, min_length=1, description="said as the call starts, before the caller speaks; the caller can talk "
+                                        "over it (null: the agent waits for the caller to speak first)")
+    idle_prompt_s: float | None = Field(
+        None, gt=0.0, le=600.0, description="the caller silent this long after the agent last spoke: "
+                                            "turn.idle_prompt_text is said (null: never)")
+    idle_prompt_text: str = Field("Are you still there?", min_length=1)
+    idle_hangup_after: int = Field(
+        2, ge=0, le=100, description="prompts a silent caller gets before the agent says turn.idle_goodbye_text "
+                                     "and hangs up (0: it never hangs up)")
+    idle_goodbye_text: str = Field("I'll end the call now. Goodbye.", min_length=1)
 
 
 class BudgetConfig(Section):

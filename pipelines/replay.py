@@ -37,7 +37,7 @@ async def replay_pcm(
     t0 = time.monotonic()
     for k, i in enumerate(range(0, total - n + 1, n)):
         ts = i / rate
-        if vanish_at_s is not None and ts >= vanish_at_s:
+        if (vanish_at_s is not None and ts >= vanish_at_s) or session.hangup_requested.is_set():
             break
         if not fast:
             delay = t0 + ts + n / rate - time.monotonic()  # a frame exists once it has been captured
@@ -48,7 +48,13 @@ async def replay_pcm(
             await session.idle()
         elif k % 50 == 0:
             await asyncio.sleep(0)
-    report = await session.close("peer_gone" if vanish_at_s is not None and vanish_at_s < total / rate else "completed")
+    if session.hangup_requested.is_set():  # the agent hung up (a silent caller, an operator)
+        reason = "agent_hangup"
+    elif vanish_at_s is not None and vanish_at_s < total / rate:
+        reason = "peer_gone"
+    else:
+        reason = "completed"
+    report = await session.close(reason)
     if not fast:
         # let queued agent audio finish on the real clock before the track is cut
         await asyncio.sleep(max(0.0, output.busy_until() - clock.now()))

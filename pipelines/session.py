@@ -105,6 +105,7 @@ class CallSession(SpeculationPath):
         self.hangup_requested = asyncio.Event()
         self.muted = False
         self.closed = False
+        self.end_reason: str | None = None  # why the call ended (`close`)
 
         if vad is None:
             gate = LevelGate(cfg.vad.level_gate_db) if cfg.vad.level_gate_db > 0 else None
@@ -160,11 +161,23 @@ class CallSession(SpeculationPath):
         )
         self.wasted_s = 0.0
         self.cutoffs_recovered = 0
+        # what the agent says outside the caller's turns (`say`): the greeting, prompts, an operator's words
+        self._say_id = 0  # the newest `say`
+        self._say_stopped = 0  # every `say` up to this one was stopped by the caller talking over it
+        self._say_until = 0.0  # call time its queued audio ends
+        # a silent caller (`turn.idle_prompt_s`)
+        self._last_voiced_t = 0.0
+        self._idle_mark = 0.0  # call time of the last prompt
+        self._idle_prompts = 0  # prompts since the caller last spoke
+        self._idle_task: asyncio.Task[None] | None = None
+        self._hangup_at: float | None = None  # the goodbye ends here, then the agent hangs up
 
     # ---------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
         self.bus.emit(SessionStart(self.session_id, self.clock.now(), transport=self.transport))
+        if self.cfg.turn.greeting:
+            self._spawn(self.say(self.cfg.turn.greeting, why="greeting"))
 
     async def _synth(self, text: str, priority: int = NOW) -> np.ndarray:
         """Piper, on its worker threads (a reply's later clauses `AHEAD`: behind first clauses)."""
@@ -173,6 +186,7 @@ class CallSession(SpeculationPath):
     async def close(self, reason: str = "completed") -> dict[str, Any]:
         if not self.closed:
             self.closed = True
+            self.end_reason = reason
             await self.idle()
             for s in self._specs:
                 self.wasted_s += s.cancel()
@@ -202,7 +216,7 @@ class CallSession(SpeculationPath):
         summary["cutoffs_recovered"] = self.cutoffs_recovered
         return {
             "call": {"session_id": self.session_id, "transport": self.transport,
-                     "duration_s": round(self._audio_t, 3)},
+                     "duration_s": round(self._audio_t, 3), "ended": self.end_reason},
             "turns": turns,
             "dtmf": self.dtmf,
             "said": self.said,
@@ -228,16 +242,67 @@ class CallSession(SpeculationPath):
         except ValidationError as err:
             raise ConfigError(f"invalid budgets: {format_validation_error(err)}") from None
 
-    async def say(self, text: str) -> None:
-        """Speak ``text`` now, outside any caller turn (operator control)."""
-        t = self.clock.now()
+    async def say(self, text: str, why: str = "operator") -> None:
+        """Speak ``text`` now, outside any caller turn: an operator's words (``why``), the
+        greeting, a prompt to a silent caller. Caller speech over it for `turn.barge_in_min_ms`
+        stops it, as it stops a reply."""
+        self._say_id += 1
+        me = self._say_id
+        entry: dict[str, Any] = {"t": round(self.clock.now(), 3), "text": text, "why": why, "audio_start_s": None,
+                                 "interrupted": False}
+        self.said.append(entry)
         self._begin_output(-1)
-        start = None
         for part in self.engines.tts.split(text):
             pcm = await self._synth(part)
-            s = self._play(pcm)
-            start = s if start is None else start
-        self.said.append({"t": round(t, 3), "text": text, "audio_start_s": None if start is None else round(start, 3)})
+            if self._say_stopped >= me:
+                break
+            start = self._play(pcm)
+            if entry["audio_start_s"] is None and start is not None:
+                entry["audio_start_s"] = round(start, 3)
+            self._say_until = self.output.busy_until()
+
+    def _saying(self) -> bool:
+        """Words of a `say` are playing, and no reply is."""
+        return self._playing is None and self._say_stopped < self._say_id and self.clock.now() < self._say_until
+
+    def _stop_saying(self, t: float) -> None:
+        """The caller talked over a `say` (the greeting, a prompt): it stops, as a reply would."""
+        self._say_stopped = self._say_id
+        self._say_until = 0.0
+        self.said[-1]["interrupted"] = True
+        self.output.interrupt()
+        self.bus.emit(Interrupt(self.session_id, t, turn=-1))
+
+    def _check_idle(self) -> None:
+        """A caller silent for `turn.idle_prompt_s` since anybody last spoke is asked whether
+        they are still there; after `turn.idle_hangup_after` such prompts the agent says goodbye
+        and, once that has played, hangs up (`hangup_requested`, which every transport
+        honours)."""
+        turn = self.cfg.turn
+        if turn.idle_prompt_s is None or self.hangup_requested.is_set():
+            return
+        now = self.clock.now()
+        if self._hangup_at is not None:
+            if now >= self._hangup_at:
+                self.hangup_requested.set()
+            return
+        if self.utt is not None and not self._committed:
+            return  # the caller's turn goes on
+        busy = [self._responding, self._idle_task]
+        if any(task is not None and not task.done() for task in busy):
+            return
+        if now - max(self._last_voiced_t, self.output.busy_until(), self._idle_mark) < turn.idle_prompt_s:
+            return
+        self._idle_mark = now
+        self._idle_prompts += 1
+        if turn.idle_hangup_after and self._idle_prompts > turn.idle_hangup_after:
+            self._idle_task = self._spawn(self._say_goodbye())
+        else:
+            self._idle_task = self._spawn(self.say(turn.idle_prompt_text, why="idle"))
+
+    async def _say_goodbye(self) -> None:
+        await self.say(self.cfg.turn.idle_goodbye_text, why="goodbye")
+        self._hangup_at = max(self.clock.now(), self.output.busy_until())
 
     # ---------------------------------------------------------------- audio in
 
@@ -261,6 +326,7 @@ class CallSession(SpeculationPath):
         if isinstance(self.clock, AudioClock):
             self.clock.t = max(self.clock.t, frame.end)
         self._announce_if_heard()
+        self._check_idle()
         if len(pcm) == 0:
             return
         f16 = AudioFrame(pcm, ASR_RATE, t16)
@@ -272,6 +338,7 @@ class CallSession(SpeculationPath):
                     self._voiced_run_ended_in_pause(self._pause_voiced_t)
             elif ev.kind == "voiced":
                 self._unvoiced_ms = 0.0
+                self._last_voiced_t = ev.t
             if ev.kind == "start":
                 self._on_speech_start(ev.t)
             elif ev.kind == "voiced":
@@ -299,6 +366,7 @@ class CallSession(SpeculationPath):
     def _on_speech_start(self, t: float) -> None:
         self.bus.emit(SpeechStart(self.session_id, t))
         self._speech_run_start = t
+        self._idle_prompts = 0
         if self.utt is not None and self._committed and self._may_take_back(t):
             # The caller went on before our reply was heard, or just after it began (they were
             # joining a second sentence, not answering it): the endpoint was premature. Take the
@@ -311,7 +379,7 @@ class CallSession(SpeculationPath):
             if self._in_pause:
                 self._caller_resumed(t)
             return  # the same turn goes on
-        self._started_over_agent = self._agent_audible()
+        self._started_over_agent = self._agent_audible() or self._saying()
         self.utt = TurnRecord(index=len(self.turns), user_speech_start_s=t)
         self._committed = False
         self._in_pause = False
@@ -405,9 +473,11 @@ class CallSession(SpeculationPath):
         elif not self._committed:
             self.utt.user_speech_end_s = t
         run_ms = elapsed_ms(self._speech_run_start if self._speech_run_start is not None else t, t)
-        if self.cfg.turn.barge_in and self._agent_audible() and self._playing is not self.utt:
-            if run_ms >= self.cfg.turn.barge_in_min_ms:
+        if self.cfg.turn.barge_in and run_ms >= self.cfg.turn.barge_in_min_ms:
+            if self._agent_audible() and self._playing is not self.utt:
                 self._barge_in(t)
+            elif self._saying():
+                self._stop_saying(t)
 
     def _caller_resumed(self, t: float) -> None:
         """The VAD heard speech start at ``t`` inside a pause of the uncommitted turn: the

@@ -214,6 +214,38 @@ async def test_sipp_pcmu_speech_gets_a_spoken_answer(tmp_path, agent):
     assert record.media["tx"]["seconds_of_agent_audio"] > 0.2
 
 
+async def test_sipp_a_caller_who_falls_silent_is_asked_then_hung_up_on(tmp_path, engines):
+    """The real agent on the phone, greeting and idle prompts on: sipp says one sentence over
+    the greeting, then sends only silence; the agent answers, asks once, says goodbye and
+    sends BYE (sipp fails the call without it)."""
+    from pipelines.agent import Agent
+    from pipelines.config import AgentConfig, TurnConfig
+
+    turn = TurnConfig(greeting="Hello, you are through to the assistant.", idle_prompt_s=1.5, idle_hangup_after=1)
+    agent = Agent(AgentConfig(turn=turn), engines)
+    speech = read_wav(librivox()[1].path, 8000)[0]
+    line = np.concatenate([np.zeros(8000, np.int16), speech, np.zeros(8000 * 20, np.int16)])  # then silence
+    write_rtp_pcap(tmp_path / "speech.pcap", line, PCMU)
+    server = await start(agent)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(0.001)  # as `voice-agent serve sip` runs
+    try:
+        args = sipp_args("-sf", str(SCENARIOS / "uac_silent.xml"))
+        run = await run_sipp((server.host, server.port), args, sipp_workdir(tmp_path), limit_s=60)
+    finally:
+        sys.setswitchinterval(switch)
+        await server.close()
+    assert run.returncode == 0, sipp_log(tmp_path)  # the agent's BYE came, and was answered
+    (record,) = server.finished
+    assert record.reason == "agent_hangup"
+    report = record.report
+    assert [s["why"] for s in report["said"]] == ["greeting", "idle", "goodbye"]
+    assert report["turns"] and report["turns"][0]["agent_audio_start_s"] is not None
+    said = report["said"]
+    assert said[2]["audio_start_s"] - said[1]["audio_start_s"] >= 1.5
+    assert report["call"]["duration_s"] < len(line) / 8000 - 5.0  # hung up long before the line went quiet
+
+
 def test_scenarios_are_valid_xml():
     import xml.etree.ElementTree as ET
 
