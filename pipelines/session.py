@@ -302,7 +302,8 @@ class CallSession(SpeculationPath):
 
     async def _say_goodbye(self) -> None:
         await self.say(self.cfg.turn.idle_goodbye_text, why="goodbye")
-        self._hangup_at = max(self.clock.now(), self.output.busy_until())
+        if self._idle_prompts:  # nobody has spoken since the prompts (a speech start resets them)
+            self._hangup_at = max(self.clock.now(), self.output.busy_until())
 
     # ---------------------------------------------------------------- audio in
 
@@ -367,6 +368,7 @@ class CallSession(SpeculationPath):
         self.bus.emit(SpeechStart(self.session_id, t))
         self._speech_run_start = t
         self._idle_prompts = 0
+        self._hangup_at = None  # a caller who speaks during the goodbye is back: no hangup
         if self.utt is not None and self._committed and self._may_take_back(t):
             # The caller went on before our reply was heard, or just after it began (they were
             # joining a second sentence, not answering it): the endpoint was premature. Take the

@@ -98,6 +98,21 @@ async def test_a_caller_who_answers_the_prompt_is_not_hung_up_on(engines) -> Non
     assert len(report["turns"]) == 2 and report["turns"][1]["agent_audio_start_s"] is not None
 
 
+@pytest.mark.slow
+async def test_a_caller_who_speaks_during_the_goodbye_keeps_the_call(engines) -> None:
+    turn = TurnConfig(idle_prompt_s=2.0, idle_hangup_after=1)
+    silent, _ = _call(lead_s=1.0, tail_s=20.0)
+    report, _, _ = await _replay(engines, turn, silent)
+    goodbye = report["said"][1]["audio_start_s"]
+    words, _ = read_wav(speech.librivox()[4].path, RATE)
+    at = int((goodbye + 0.3) * RATE)
+    pcm = np.concatenate([silent[:at], words, np.zeros(int(5.0 * RATE), np.int16)])
+    report, _, _ = await _replay(engines, turn, pcm)
+    whys = [s["why"] for s in report["said"]]
+    assert whys[:2] == ["idle", "goodbye"] and report["said"][1]["interrupted"]
+    assert report["call"]["ended"] == "completed" and len(report["turns"]) == 2
+
+
 def test_greeting_and_idle_settings_are_checked_at_load(tmp_path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("turn:\n  idle_prompt_s: -1\n")
