@@ -53,6 +53,7 @@ from pipelines.reply_cache.cache import ReplyCache
 from pipelines.report import TurnRecord, summarize
 from pipelines.session_reply import CutReply
 from pipelines.session_speculation import SpeculationPath
+from pipelines.session_words import OwnWords
 from pipelines.speculation import Speculation, covers, same_words
 from pipelines.transport import AudioClock, AudioOutput, Clock
 from pipelines.turn_audio_opinion import TurnAudioOpinions
@@ -79,7 +80,7 @@ class Engines:
     turn_audio: SmartTurn | None = None  # Smart Turn, when turn.smart_turn is on
 
 
-class CallSession(SpeculationPath):
+class CallSession(SpeculationPath, OwnWords):
     def __init__(
         self,
         engines: Engines,
@@ -161,23 +162,13 @@ class CallSession(SpeculationPath):
         )
         self.wasted_s = 0.0
         self.cutoffs_recovered = 0
-        # what the agent says outside the caller's turns (`say`): the greeting, prompts, an operator's words
-        self._say_id = 0  # the newest `say`
-        self._say_stopped = 0  # every `say` up to this one was stopped by the caller talking over it
-        self._say_until = 0.0  # call time its queued audio ends
-        # a silent caller (`turn.idle_prompt_s`)
-        self._last_voiced_t = 0.0
-        self._idle_mark = 0.0  # call time of the last prompt
-        self._idle_prompts = 0  # prompts since the caller last spoke
-        self._idle_task: asyncio.Task[None] | None = None
-        self._hangup_at: float | None = None  # the goodbye ends here, then the agent hangs up
+        self._init_own_words()
 
     # ---------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
         self.bus.emit(SessionStart(self.session_id, self.clock.now(), transport=self.transport))
-        if self.cfg.turn.greeting:
-            self._spawn(self.say(self.cfg.turn.greeting, why="greeting"))
+        self._greet()
 
     async def _synth(self, text: str, priority: int = NOW) -> np.ndarray:
         """Piper, on its worker threads (a reply's later clauses `AHEAD`: behind first clauses)."""
@@ -242,69 +233,6 @@ class CallSession(SpeculationPath):
         except ValidationError as err:
             raise ConfigError(f"invalid budgets: {format_validation_error(err)}") from None
 
-    async def say(self, text: str, why: str = "operator") -> None:
-        """Speak ``text`` now, outside any caller turn: an operator's words (``why``), the
-        greeting, a prompt to a silent caller. Caller speech over it for `turn.barge_in_min_ms`
-        stops it, as it stops a reply."""
-        self._say_id += 1
-        me = self._say_id
-        entry: dict[str, Any] = {"t": round(self.clock.now(), 3), "text": text, "why": why, "audio_start_s": None,
-                                 "interrupted": False}
-        self.said.append(entry)
-        self._begin_output(-1)
-        for part in self.engines.tts.split(text):
-            pcm = await self._synth(part)
-            if self._say_stopped >= me:
-                break
-            start = self._play(pcm)
-            if entry["audio_start_s"] is None and start is not None:
-                entry["audio_start_s"] = round(start, 3)
-            self._say_until = self.output.busy_until()
-
-    def _saying(self) -> bool:
-        """Words of a `say` are playing, and no reply is."""
-        return self._playing is None and self._say_stopped < self._say_id and self.clock.now() < self._say_until
-
-    def _stop_saying(self, t: float) -> None:
-        """The caller talked over a `say` (the greeting, a prompt): it stops, as a reply would."""
-        self._say_stopped = self._say_id
-        self._say_until = 0.0
-        self.said[-1]["interrupted"] = True
-        self.output.interrupt()
-        self.bus.emit(Interrupt(self.session_id, t, turn=-1))
-
-    def _check_idle(self) -> None:
-        """A caller silent for `turn.idle_prompt_s` since anybody last spoke is asked whether
-        they are still there; after `turn.idle_hangup_after` such prompts the agent says goodbye
-        and, once that has played, hangs up (`hangup_requested`, which every transport
-        honours)."""
-        turn = self.cfg.turn
-        if turn.idle_prompt_s is None or self.hangup_requested.is_set():
-            return
-        now = self.clock.now()
-        if self._hangup_at is not None:
-            if now >= self._hangup_at:
-                self.hangup_requested.set()
-            return
-        if self.utt is not None and not self._committed:
-            return  # the caller's turn goes on
-        busy = [self._responding, self._idle_task]
-        if any(task is not None and not task.done() for task in busy):
-            return
-        if now - max(self._last_voiced_t, self.output.busy_until(), self._idle_mark) < turn.idle_prompt_s:
-            return
-        self._idle_mark = now
-        self._idle_prompts += 1
-        if turn.idle_hangup_after and self._idle_prompts > turn.idle_hangup_after:
-            self._idle_task = self._spawn(self._say_goodbye())
-        else:
-            self._idle_task = self._spawn(self.say(turn.idle_prompt_text, why="idle"))
-
-    async def _say_goodbye(self) -> None:
-        await self.say(self.cfg.turn.idle_goodbye_text, why="goodbye")
-        if self._idle_prompts:  # nobody has spoken since the prompts (a speech start resets them)
-            self._hangup_at = max(self.clock.now(), self.output.busy_until())
-
     # ---------------------------------------------------------------- audio in
 
     async def push_audio(self, frame: AudioFrame) -> None:
@@ -367,8 +295,7 @@ class CallSession(SpeculationPath):
     def _on_speech_start(self, t: float) -> None:
         self.bus.emit(SpeechStart(self.session_id, t))
         self._speech_run_start = t
-        self._idle_prompts = 0
-        self._hangup_at = None  # a caller who speaks during the goodbye is back: no hangup
+        self._caller_spoke(t)
         if self.utt is not None and self._committed and self._may_take_back(t):
             # The caller went on before our reply was heard, or just after it began (they were
             # joining a second sentence, not answering it): the endpoint was premature. Take the
