@@ -160,8 +160,6 @@ class Endpointer:
     cfg: TurnConfig
     # pauses (ms) after which this caller went on speaking, most recent last
     resumed_pauses: list[float] = field(default_factory=list)
-    # those of them that the endpoint had already called the end (its reply was taken back)
-    committed_pauses: list[float] = field(default_factory=list)
 
     def required_silence_ms(
         self, text: str | None, stale: bool = False, lm_prob: float | None = None,
@@ -181,10 +179,10 @@ class Endpointer:
             else:
                 agree = c >= AGREE and audio_prob >= AGREE
                 wait = self.cfg.agree_silence_ms if agree else self.cfg.disagree_silence_ms
-                if agree and self.cfg.adapt_to_caller and self.committed_pauses:
-                    # this caller went on after pauses that were taken for the end (their reply
-                    # was taken back): their next such pause gets that much room
-                    wait = max(wait, min(_p75(self.committed_pauses) + 40.0, float(self.cfg.disagree_silence_ms)))
+                if agree and self.cfg.adapt_to_caller and self.resumed_pauses:
+                    # this caller went on after pauses that both readers took for the end (a
+                    # reply taken back): their next such pause gets that much room
+                    wait = max(wait, min(self._resumed_p75() + 40.0, float(self.cfg.disagree_silence_ms)))
             return float(min(wait, self.cfg.max_silence_ms))
         doubt = min(1.0, max(0.0, (P_SURE - c) / P_SURE))
         wait = lo + (hi - lo) * doubt**1.5
@@ -194,8 +192,13 @@ class Endpointer:
         sure = c >= SURE_ENOUGH and (lm_prob is not None or not lm_can_move(text or ""))
         if self.cfg.adapt_to_caller and self.resumed_pauses and c >= LOOKS_DONE and not sure:
             # a caller who keeps pausing briefly and going on gets a little more room
-            wait = max(wait, min(_p75(self.resumed_pauses) + 40.0, 0.5 * (lo + hi)))
+            wait = max(wait, min(self._resumed_p75() + 40.0, 0.5 * (lo + hi)))
         return min(wait, float(self.cfg.max_silence_ms))
+
+    def _resumed_p75(self) -> float:
+        """The 75th percentile of the caller's last 8 pauses that looked like the end but were not."""
+        recent = sorted(self.resumed_pauses[-8:])
+        return recent[int(0.75 * (len(recent) - 1))]
 
     def caller_resumed_after(
         self, pause_ms: float, text: str | None = None, lm_prob: float | None = None,
@@ -211,15 +214,3 @@ class Endpointer:
         if text is not None and (not _WORD.search(text) or completeness(text, lm_prob, near) < LOOKS_DONE):
             return  # after no words (a breath Whisper heard as "."), nothing looked finished
         self.resumed_pauses.append(pause_ms)
-
-    def went_on_after_agreed_end(self, pause_ms: float) -> None:
-        """The caller spoke again ``pause_ms`` after their last word, where the words and Smart
-        Turn had agreed the turn was over: the reply was taken back. Their next agreed end
-        waits that long, and 40 ms more (`required_silence_ms`)."""
-        self.committed_pauses.append(pause_ms)
-
-
-def _p75(pauses: list[float]) -> float:
-    """The 75th percentile of the last 8 ``pauses``."""
-    recent = sorted(pauses[-8:])
-    return recent[int(0.75 * (len(recent) - 1))]

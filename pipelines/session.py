@@ -300,7 +300,7 @@ class CallSession(SpeculationPath, OwnWords):
             # The caller went on before our reply was heard, or just after it began (they were
             # joining a second sentence, not answering it): the endpoint was premature. Take the
             # reply back (and stop it, if it was playing) and continue the same turn.
-            self._take_back(t)
+            self._take_back()
             self.endpointer.caller_resumed_after((t - self.utt.user_speech_end_s) * 1000, self.utt.transcript)
             self._in_pause = False
             return
@@ -333,14 +333,9 @@ class CallSession(SpeculationPath, OwnWords):
         reply had not been heard by then, or had only just begun (`_just_heard`)."""
         return not self._reply_audible(t) or self._just_heard(t)
 
-    def _take_back(self, t: float) -> None:
-        """Withdraw the committed turn's reply (stopping it, if it plays) and reopen the turn:
-        the caller made a sound at ``t``."""
+    def _take_back(self) -> None:
+        """Withdraw the committed turn's reply (stopping it, if it plays) and reopen the turn."""
         assert self.utt is not None
-        required = self.utt.endpoint.get("required_ms")
-        if required is not None and required < self.cfg.turn.disagree_silence_ms:
-            # the words and the sound had agreed it was the end: this caller needs more room
-            self.endpointer.went_on_after_agreed_end(elapsed_ms(self.utt.user_speech_end_s, t))
         self._cancel_response()
         if self._unannounced is self.utt:
             self._unannounced = None  # the turn goes on: not final yet
@@ -397,7 +392,7 @@ class CallSession(SpeculationPath, OwnWords):
             # committed as the caller went on was audible: most cut-offs "in speech"). The pause
             # holds, its silence counting from this frame: a lone click re-commits after the
             # rule's wait, speech resumes the turn (`_caller_resumed`).
-            self._take_back(frame_start)
+            self._take_back()
         if self._in_pause and not self._committed:
             # The caller's last syllable, a click on the line, or the start of more speech: the
             # VAD's speech start says which (`_caller_resumed`). Until then the pause holds, and
