@@ -179,10 +179,6 @@ class Endpointer:
             else:
                 agree = c >= AGREE and audio_prob >= AGREE
                 wait = self.cfg.agree_silence_ms if agree else self.cfg.disagree_silence_ms
-                if agree and self.cfg.adapt_to_caller and self.resumed_pauses:
-                    # this caller went on after pauses that both readers took for the end (a
-                    # reply taken back): their next such pause gets that much room
-                    wait = max(wait, min(self._resumed_p75() + 40.0, float(self.cfg.disagree_silence_ms)))
             return float(min(wait, self.cfg.max_silence_ms))
         doubt = min(1.0, max(0.0, (P_SURE - c) / P_SURE))
         wait = lo + (hi - lo) * doubt**1.5
@@ -192,13 +188,10 @@ class Endpointer:
         sure = c >= SURE_ENOUGH and (lm_prob is not None or not lm_can_move(text or ""))
         if self.cfg.adapt_to_caller and self.resumed_pauses and c >= LOOKS_DONE and not sure:
             # a caller who keeps pausing briefly and going on gets a little more room
-            wait = max(wait, min(self._resumed_p75() + 40.0, 0.5 * (lo + hi)))
+            recent = sorted(self.resumed_pauses[-8:])
+            p75 = recent[int(0.75 * (len(recent) - 1))]
+            wait = max(wait, min(p75 + 40.0, 0.5 * (lo + hi)))
         return min(wait, float(self.cfg.max_silence_ms))
-
-    def _resumed_p75(self) -> float:
-        """The 75th percentile of the caller's last 8 pauses that looked like the end but were not."""
-        recent = sorted(self.resumed_pauses[-8:])
-        return recent[int(0.75 * (len(recent) - 1))]
 
     def caller_resumed_after(
         self, pause_ms: float, text: str | None = None, lm_prob: float | None = None,

@@ -676,23 +676,3 @@ def test_smart_turn_and_the_words_must_agree_before_the_shortest_wait() -> None:
     assert ep.required_silence_ms("Your call", lm_prob=0.1, audio_prob=0.95) == cfg.disagree_silence_ms
     # a trailing function word waits the longest, whatever the sound says
     assert ep.required_silence_ms("I would like to book the", audio_prob=0.99) == cfg.incomplete_silence_ms
-
-
-def test_a_caller_who_went_on_after_an_agreed_end_gets_that_room_next_time() -> None:
-    cfg = TurnConfig()
-    ep = Endpointer(cfg)
-    done = "I need a new card."
-    assert ep.required_silence_ms(done, lm_prob=0.9, audio_prob=0.95) == cfg.agree_silence_ms
-    ep.caller_resumed_after(300, "I need a new card.", 0.9)  # shorter than the wait: no room needed
-    assert ep.required_silence_ms(done, lm_prob=0.9, audio_prob=0.95) == cfg.agree_silence_ms
-    ep.caller_resumed_after(450, "I need a new card.", 0.9)  # the reply was taken back
-    ep.caller_resumed_after(460, "Hello.", 0.9)
-    assert ep.required_silence_ms(done, lm_prob=0.9, audio_prob=0.95) == 450 + 40
-    ep.caller_resumed_after(1500, "Thanks.", 0.9)
-    ep.caller_resumed_after(1500, "Thanks.", 0.9)
-    assert ep.required_silence_ms(done, lm_prob=0.9, audio_prob=0.95) == cfg.disagree_silence_ms  # the cap
-    # a doubting reader's wait, and a trailing function word's, are not stretched
-    assert ep.required_silence_ms(done, lm_prob=0.9, audio_prob=0.2) == cfg.disagree_silence_ms
-    assert ep.required_silence_ms("I would like to book the", audio_prob=0.99) == cfg.incomplete_silence_ms
-    off = Endpointer(TurnConfig(adapt_to_caller=False), resumed_pauses=[700.0] * 4)
-    assert off.required_silence_ms(done, lm_prob=0.9, audio_prob=0.95) == cfg.agree_silence_ms
