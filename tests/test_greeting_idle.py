@@ -10,9 +10,9 @@ import pytest
 from pipelines.agent import Agent
 from pipelines.config import AgentConfig, ConfigError, TurnConfig, load_config
 from pipelines.events import Event
-from pipelines.replay import replay_pcm
 from tests import speech
 from tests.ground_truth import audible_onsets
+from tests.replay_events import replay_with_events
 from tests.test_replay import RATE
 from voice.audio import read_wav
 
@@ -28,11 +28,19 @@ def _call(lead_s: float, tail_s: float) -> tuple[np.ndarray, float]:
 
 
 async def _replay(engines, turn: TurnConfig, pcm: np.ndarray) -> tuple[dict, np.ndarray, list[Event]]:
-    agent = Agent(AgentConfig(turn=turn), engines)
-    events: list[Event] = []
-    agent.bus.add_listener(events.append)
-    report, track = await replay_pcm(agent, pcm, RATE, fast=True)
-    return report, track, events
+    return await replay_with_events(Agent(AgentConfig(turn=turn), engines), pcm, RATE)
+
+
+async def _caller_speaks_after(engines, turn: TurnConfig, said: int, after_s: float) -> dict:
+    """A caller who falls silent after one turn, replayed once to find when the agent says its
+    ``said``-th own words; then the same call with the caller speaking again ``after_s`` after
+    those began. Returns the second call's report."""
+    silent, _ = _call(lead_s=1.0, tail_s=20.0)
+    report, _, _ = await _replay(engines, turn, silent)
+    at = int((report["said"][said]["audio_start_s"] + after_s) * RATE)
+    words, _ = read_wav(speech.librivox()[4].path, RATE)
+    report, _, _ = await _replay(engines, turn, np.concatenate([silent[:at], words, np.zeros(5 * RATE, np.int16)]))
+    return report
 
 
 @pytest.mark.slow
@@ -84,15 +92,7 @@ async def test_a_silent_caller_is_asked_then_the_agent_says_goodbye_and_hangs_up
 
 @pytest.mark.slow
 async def test_a_caller_who_answers_the_prompt_is_not_hung_up_on(engines) -> None:
-    turn = TurnConfig(idle_prompt_s=2.0, idle_hangup_after=1)
-    silent, _ = _call(lead_s=1.0, tail_s=20.0)
-    report, _, _ = await _replay(engines, turn, silent)
-    asked = report["said"][0]["audio_start_s"]
-    # the same call, but the caller answers just after the prompt
-    words, _ = read_wav(speech.librivox()[4].path, RATE)
-    answer_at = int((asked + 1.8) * RATE)
-    pcm = np.concatenate([silent[:answer_at], words, np.zeros(int(5.0 * RATE), np.int16)])
-    report, _, _ = await _replay(engines, turn, pcm)
+    report = await _caller_speaks_after(engines, TurnConfig(idle_prompt_s=2.0, idle_hangup_after=1), 0, 1.8)
     assert [s["why"] for s in report["said"]][:1] == ["idle"]
     assert "goodbye" not in [s["why"] for s in report["said"]]
     assert len(report["turns"]) == 2 and report["turns"][1]["agent_audio_start_s"] is not None
@@ -100,14 +100,7 @@ async def test_a_caller_who_answers_the_prompt_is_not_hung_up_on(engines) -> Non
 
 @pytest.mark.slow
 async def test_a_caller_who_speaks_during_the_goodbye_keeps_the_call(engines) -> None:
-    turn = TurnConfig(idle_prompt_s=2.0, idle_hangup_after=1)
-    silent, _ = _call(lead_s=1.0, tail_s=20.0)
-    report, _, _ = await _replay(engines, turn, silent)
-    goodbye = report["said"][1]["audio_start_s"]
-    words, _ = read_wav(speech.librivox()[4].path, RATE)
-    at = int((goodbye + 0.3) * RATE)
-    pcm = np.concatenate([silent[:at], words, np.zeros(int(5.0 * RATE), np.int16)])
-    report, _, _ = await _replay(engines, turn, pcm)
+    report = await _caller_speaks_after(engines, TurnConfig(idle_prompt_s=2.0, idle_hangup_after=1), 1, 0.3)
     whys = [s["why"] for s in report["said"]]
     assert whys[:2] == ["idle", "goodbye"] and report["said"][1]["interrupted"]
     assert report["call"]["ended"] == "completed" and len(report["turns"]) == 2
