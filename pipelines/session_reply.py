@@ -312,10 +312,7 @@ class ReplyPath:
         if self._playing is utt:
             self._play(np.zeros(0, dtype=np.int16), last=True)  # flush the resampler's tail
         utt.agent_audio_end_s = self.output.busy_until()
-        if self._unannounced is not None and self._unannounced is not utt:
-            self._announce(self._unannounced, self.clock.now())
-        self._unannounced = utt
-        self._announce_if_heard()
+        self._final_once_heard(utt)
 
     async def _resume_cut_reply(self, cut: CutReply) -> None:
         """A false interruption: the barge-in that cut ``cut.turn``'s reply had no words in it
@@ -351,10 +348,15 @@ class ReplyPath:
         if self._playing is turn:
             self._play(np.zeros(0, dtype=np.int16), last=True)
             turn.agent_audio_end_s = self.output.busy_until()
-            if self._unannounced is not None and self._unannounced is not turn:
-                self._announce(self._unannounced, self.clock.now())
-            self._unannounced = turn
-            self._announce_if_heard()
+            self._final_once_heard(turn)
+
+    def _final_once_heard(self, turn: TurnRecord) -> None:
+        """``turn``'s reply is all queued: its `turn` event goes out once it has been heard (any
+        earlier turn still waiting for its event is final now)."""
+        if self._unannounced is not None and self._unannounced is not turn:
+            self._announce(self._unannounced, self.clock.now())
+        self._unannounced = turn
+        self._announce_if_heard()
 
     def _settle_cut(self) -> None:
         """A reply held after a barge-in is final as it was cut: its `turn` event goes out."""
