@@ -345,7 +345,7 @@ class CallSession(SpeculationPath, OwnWords):
             if self.history and self.history[-1][0] == self.utt.transcript:
                 self.history.pop()
         self.utt.response = self.utt.heard_response = ""
-        self.utt.agent_audio_start_s = self.utt.gap_ms = None
+        self.utt.agent_audio_start_s = self.utt.agent_audible_s = self.utt.gap_ms = None
         self.utt.stages.clear()
         self.utt.violations.clear()
         self.turns = [x for x in self.turns if x is not self.utt]
