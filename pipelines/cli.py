@@ -46,6 +46,8 @@ async def _replay_concurrent(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     apply_mqtt_url(cfg, args.mqtt)
+    if args.max_calls is not None:
+        cfg.agent.max_calls = args.max_calls
     calls = load_inputs(_inputs(args.inputs))  # every input is read before any model loads
     agent = await Agent.load(cfg)
     bridge = await start_event_bridge(agent, cfg)
@@ -56,6 +58,8 @@ async def _replay_concurrent(args: argparse.Namespace) -> int:
             await bridge.close()
         await agent.aclose()
     print(json.dumps(summary, indent=2))
+    for r in summary["refused"]:
+        print(f"voice-agent: call {r['call']} refused ({r['detail']})", file=sys.stderr)
     for f in summary["failed"]:
         print(f"voice-agent: error: call {f['call']} failed: {f['error']}", file=sys.stderr)
     return 1 if summary["failed"] else 0
@@ -115,7 +119,19 @@ def _progress(enabled: bool) -> Any:
     return Progress(disable=not enabled, transient=False)
 
 
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of calls, at least 1: {value!r}")
+    return n
+
+
 def _run_replay(args: argparse.Namespace) -> int:
+    if args.max_calls is not None and not args.concurrent:
+        raise ConfigError("--max-calls applies to --concurrent replays only")
     if args.concurrent:
         for flag, value in (("--out", args.out), ("--report", args.report)):
             if Path(value).exists() and not Path(value).is_dir():
@@ -154,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="replay all inputs at once, as simultaneous calls on one agent (engines shared, each call "
                     "paced in real time): writes OUT/<stem>.out.wav, REPORT/<stem>.json and REPORT/summary.json "
                     "(per call: turns, gap p50/p95, violations; overall; CPU and memory)")
+    rp.add_argument("--max-calls", type=_positive_int, metavar="N",
+                    help="with --concurrent: admit at most N calls at once (default: agent.max_calls); the "
+                    "rest are refused as a phone call would be, reported in REPORT/<stem>.json and summary.json")
     rp.set_defaults(func=_run_replay)
     for mod in PLUGIN_COMMANDS:
         try:

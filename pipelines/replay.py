@@ -19,17 +19,18 @@ TAIL_S = 2.5  # silence fed after the file so the last turn can end and be answe
 
 async def replay_pcm(
     agent: Any, pcm: np.ndarray, rate: int, fast: bool = False, frame_ms: int | None = None,
-    vanish_at_s: float | None = None,
+    vanish_at_s: float | None = None, seat: Any = None,
 ) -> tuple[dict[str, Any], np.ndarray]:
-    """Feed ``pcm`` (int16 mono at ``rate``) to a new session. Returns (report, agent track).
-    With ``vanish_at_s`` the caller disappears then, mid-call: no more audio, and the session
-    is closed as a transport closes it when its peer is gone (reason ``peer_gone``)."""
+    """Feed ``pcm`` (int16 mono at ``rate``) to a new session, holding ``seat`` (from
+    `Agent.admit`; none: a counted one). Returns (report, agent track). With ``vanish_at_s``
+    the caller disappears then, mid-call: no more audio, and the session is closed as a
+    transport closes it when its peer is gone (reason ``peer_gone``)."""
     cfg = agent.cfg
     frame_ms = frame_ms or cfg.audio.frame_ms
     clock = AudioClock() if fast else RealtimeClock()
     duration = len(pcm) / rate
     output = TimelineOutput(rate, clock, cfg.output.buffer_ms, capacity_s=duration + TAIL_S + 30.0)
-    session = agent.new_session(output, clock, "replay")
+    session = agent.new_session(output, clock, "replay", seat=seat)
     await session.start()
     n = rate * frame_ms // 1000
     total = len(pcm) + int(TAIL_S * rate)

@@ -1,6 +1,11 @@
 """``voice-agent replay --concurrent``: several recorded calls replayed at once, as simultaneous
 callers of one agent (engines loaded once and shared, each call paced on its own real-time
-clock), so what one call costs the others shows in their gaps."""
+clock), so what one call costs the others shows in their gaps.
+
+Each call asks the agent's admission for a seat before it starts, as a phone or browser call
+does (`pipelines.admission`): beyond ``agent.max_calls`` (or when the box is overloaded) the
+call is refused, as SIP answers 486 or 503, and its refusal is reported instead of a
+half-served call. ``admit=False`` (`bench/capacity.py`, past capacity on purpose) serves all."""
 
 from __future__ import annotations
 
@@ -14,9 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from pipelines.admission import Seat
 from pipelines.replay import replay_pcm, write_two_channel
 from pipelines.report import summarize
 from voice.audio import AudioInputError, read_wav
+from voice.transports.base import Refusal
 
 
 @dataclass(frozen=True)
@@ -48,25 +55,38 @@ def call_summary(name: str, report: dict[str, Any]) -> dict[str, Any]:
 
 
 async def replay_concurrent(
-    agent: Any, calls: list[CallInput], out_dir: Path, report_dir: Path, fast: bool = False
+    agent: Any, calls: list[CallInput], out_dir: Path, report_dir: Path, fast: bool = False, admit: bool = True,
 ) -> dict[str, Any]:
-    """Replay `calls` at once; write each call's OUT.wav and report, and summary.json (the
-    folders exist). Files are written in a worker thread: the other calls are still live."""
+    """Replay `calls` at once; write each admitted call's OUT.wav and report, and summary.json
+    (the folders exist). Calls are admitted in the order given; a refused one gets
+    REPORT/<stem>.json with its refusal and no OUT.wav. Files are written in a worker thread:
+    the other calls are still live."""
     cpu0, t0 = time.process_time(), time.monotonic()
+    seats: dict[str, Seat | None] = {}
+    refused: list[dict[str, Any]] = []
+    for call in calls:
+        got = agent.admit("replay") if admit else None
+        if isinstance(got, Refusal):
+            refused.append(refusal_report(call, got))
+        else:
+            seats[call.name] = got
+    for r in refused:
+        await asyncio.to_thread((report_dir / f"{r['call']}.json").write_text, json.dumps(r, indent=2))
+    admitted = [c for c in calls if c.name in seats]
 
     async def one(call: CallInput) -> dict[str, Any]:
-        report, track = await replay_pcm(agent, call.pcm, call.rate, fast=fast)
+        report, track = await replay_pcm(agent, call.pcm, call.rate, fast=fast, seat=seats[call.name])
         report["call"]["input"] = str(call.path)
         report["call"]["input_duration_s"] = round(len(call.pcm) / call.rate, 3)
-        report["call"]["concurrent_calls"] = len(calls)
+        report["call"]["concurrent_calls"] = len(admitted)
         report["call"]["config"] = agent.cfg.model_dump(mode="json")
         await asyncio.to_thread(_write_call, call, report, track, out_dir, report_dir)
         return report
 
-    results = await asyncio.gather(*(one(c) for c in calls), return_exceptions=True)
+    results = await asyncio.gather(*(one(c) for c in admitted), return_exceptions=True)
     wall = time.monotonic() - t0
     per_call, all_turns, failed = [], [], []
-    for call, res in zip(calls, results, strict=True):
+    for call, res in zip(admitted, results, strict=True):
         if isinstance(res, BaseException):
             failed.append({"call": call.name, "error": f"{type(res).__name__}: {res}"})
             continue
@@ -75,7 +95,9 @@ async def replay_concurrent(
     summary = {
         "calls": len(calls),
         "mode": "fast" if fast else "realtime",
+        "admitted": len(admitted),
         "per_call": per_call,
+        "refused": refused,
         "failed": failed,
         "overall": summarize(all_turns),
         "wall_s": round(wall, 2),
@@ -85,6 +107,13 @@ async def replay_concurrent(
     }
     await asyncio.to_thread((report_dir / "summary.json").write_text, json.dumps(summary, indent=2))
     return summary
+
+
+def refusal_report(call: CallInput, refusal: Refusal) -> dict[str, Any]:
+    """What a refused call gets: why, and when to try again (SIP: 486 or 503, Retry-After)."""
+    return {"call": call.name, "input": str(call.path),
+            "refused": "busy" if refusal.busy else "overloaded", "detail": refusal.detail,
+            "retry_after_s": refusal.retry_after_s}
 
 
 def _write_call(call: CallInput, report: dict[str, Any], track: np.ndarray, out_dir: Path, report_dir: Path) -> None:

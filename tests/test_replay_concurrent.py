@@ -72,3 +72,44 @@ def test_cli_concurrent_fails_on_a_missing_input_before_any_call(tmp_path) -> No
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"voice-agent: error: {tmp_path / 'gone.wav'}: no such file"]
     assert not list((tmp_path / "r").glob("*.json"))
+
+
+async def test_calls_beyond_capacity_are_refused_and_reported_not_half_served(agent, tmp_path) -> None:
+    lv = speech.librivox()
+    paths = []
+    for name, clip in (("a", lv[1]), ("b", lv[4]), ("c", lv[2])):
+        pcm, _ = build_call([clip], gap_s=1.5)
+        write_wav(tmp_path / f"{name}.wav", pcm, RATE)
+        paths.append(tmp_path / f"{name}.wav")
+    out, rep = tmp_path / "out", tmp_path / "rep"
+    out.mkdir()
+    rep.mkdir()
+    max_calls = agent.admission.cfg.max_calls
+    agent.admission.cfg.max_calls = 2
+    try:
+        summary = await replay_concurrent(agent, load_inputs(paths), out, rep, fast=True)
+    finally:
+        agent.admission.cfg.max_calls = max_calls
+    assert summary["calls"] == 3 and summary["admitted"] == 2 and not summary["failed"]
+    assert [c["call"] for c in summary["per_call"]] == ["a", "b"]  # admitted in the order given
+    assert all(c["answered"] >= 1 for c in summary["per_call"])
+    (refused,) = summary["refused"]
+    assert refused["call"] == "c" and refused["refused"] == "busy" and refused["retry_after_s"] >= 1
+    assert "2 calls in progress" in refused["detail"]
+    assert json.loads((rep / "c.json").read_text()) == refused
+    assert not (out / "c.out.wav").exists()  # nothing was served to it
+    assert json.loads((rep / "a.json").read_text())["call"]["concurrent_calls"] == 2
+    assert agent.admission.live == 0 and agent.admission.refused["busy"] >= 1
+
+
+def test_cli_max_calls_is_checked_before_any_model_loads(tmp_path) -> None:
+    good = tmp_path / "a.wav"
+    write_wav(good, np.zeros(1600, np.int16), RATE)
+    base = [sys.executable, "-m", "pipelines.cli", "replay", str(good), "--out", str(tmp_path / "o"),
+            "--report", str(tmp_path / "r")]
+    proc = subprocess.run([*base, "--concurrent", "--max-calls", "0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--max-calls: expected a whole number of calls, at least 1: '0'" in proc.stderr
+    proc = subprocess.run([*base, "--max-calls", "2"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "voice-agent: error: --max-calls applies to --concurrent replays only")
