@@ -7,6 +7,7 @@ import asyncio
 import importlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:  # transformers' "Loading weights" bar, before it is imported
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if not getattr(args, "func", None):
         ap.print_help()
         return 2
