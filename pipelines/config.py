@@ -90,6 +90,10 @@ class TurnConfig(Section):
         2, ge=0, le=100, description="prompts a silent caller gets before the agent says turn.idle_goodbye_text "
                                      "and hangs up (0: it never hangs up)")
     idle_goodbye_text: str = Field("I'll end the call now. Goodbye.", min_length=1)
+    end_call_on_goodbye: bool = Field(
+        False, description="the caller said goodbye and the agent's reply, heard whole, was a goodbye too: the "
+                           "agent hangs up end_call_grace_ms after it (caller speech in between keeps the call)")
+    end_call_grace_ms: int = Field(1000, ge=0, le=30000, description="how long after its goodbye the agent hangs up")
 
 
 class BudgetConfig(Section):

@@ -207,7 +207,9 @@ class CallSession(SpeculationPath, OwnWords):
         summary["cutoffs_recovered"] = self.cutoffs_recovered
         return {
             "call": {"session_id": self.session_id, "transport": self.transport,
-                     "duration_s": round(self._audio_t, 3), "ended": self.end_reason},
+                     "duration_s": round(self._audio_t, 3), "ended": self.end_reason,
+                     # why the agent hung up: "goodbye", "idle", or an MQTT `hangup` ("operator")
+                     "hangup": (self.hangup_why or "operator") if self.hangup_requested.is_set() else None},
             "turns": turns,
             "dtmf": self.dtmf,
             "said": self.said,

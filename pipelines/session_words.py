@@ -1,10 +1,11 @@
 """The agent's own words outside the caller's turns: a greeting as the call starts, prompts to
-a silent caller and the goodbye before hanging up, and an operator's `say` (MQTT).
+a silent caller and the goodbye before hanging up, an operator's `say` (MQTT), and the hangup
+after the caller's goodbye has been answered with one.
 
 `OwnWords` is a mixin of `pipelines.session.CallSession`, beside `ReplyPath` (the replies to
 the caller's turns). It plays through the same output and stops when the caller talks over it,
-as a reply does; it never decides a caller's turn. The settings are `turn.greeting` and
-`turn.idle_*` (docs/turn-taking.md).
+as a reply does; it never decides a caller's turn. The settings are `turn.greeting`,
+`turn.idle_*` and `turn.end_call_*` (docs/turn-taking.md).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipelines.events import Interrupt
+from pipelines.farewell import is_farewell
 
 if TYPE_CHECKING:
     from pipelines.config import AgentConfig
@@ -55,6 +57,7 @@ class OwnWords:
         self._idle_prompts = 0  # prompts since the caller last spoke
         self._idle_task: asyncio.Task[None] | None = None
         self._hangup_at: float | None = None  # the goodbye ends here, then the agent hangs up
+        self.hangup_why: str | None = None  # "idle" or "goodbye", once the agent has decided to hang up
 
     def _greet(self) -> None:
         if self.cfg.turn.greeting:
@@ -63,7 +66,8 @@ class OwnWords:
     def _caller_spoke(self, t: float) -> None:
         """The caller's speech started at ``t``: not silent, and not to be hung up on."""
         self._idle_prompts = 0
-        self._hangup_at = None  # a caller who speaks during the goodbye is back
+        if not self.hangup_requested.is_set():
+            self._hangup_at = self.hangup_why = None  # a caller who speaks during the goodbye is back
 
     async def say(self, text: str, why: str = "operator") -> None:
         """Speak ``text`` now, outside any caller turn: an operator's words (``why``), the
@@ -101,13 +105,15 @@ class OwnWords:
         they are still there; after `turn.idle_hangup_after` such prompts the agent says goodbye
         and, once that has played, hangs up (`hangup_requested`, which every transport
         honours)."""
-        turn = self.cfg.turn
-        if turn.idle_prompt_s is None or self.hangup_requested.is_set():
+        if self.hangup_requested.is_set():
             return
         now = self.clock.now()
         if self._hangup_at is not None:
             if now >= self._hangup_at:
                 self.hangup_requested.set()
+            return
+        turn = self.cfg.turn
+        if turn.idle_prompt_s is None:
             return
         if self.utt is not None and not self._committed:
             return  # the caller's turn goes on
@@ -126,4 +132,16 @@ class OwnWords:
     async def _say_goodbye(self) -> None:
         await self.say(self.cfg.turn.idle_goodbye_text, why="goodbye")
         if self._idle_prompts:  # nobody has spoken since the prompts (a speech start resets them)
-            self._hangup_at = max(self.clock.now(), self.output.busy_until())
+            self._hang_up_at(max(self.clock.now(), self.output.busy_until()), "idle")
+
+    def _goodbye_said(self, turn: TurnRecord) -> None:
+        """``turn``'s reply is all queued: if the caller said goodbye and the reply is one too
+        (`pipelines.farewell`), the agent hangs up `turn.end_call_grace_ms` after it has played,
+        unless the caller speaks before then (`_caller_spoke`) or cuts it off."""
+        if (self.cfg.turn.end_call_on_goodbye and not turn.interrupted and turn.agent_audio_end_s is not None
+                and is_farewell(turn.transcript) and is_farewell(turn.response)):
+            self._hang_up_at(turn.agent_audio_end_s + self.cfg.turn.end_call_grace_ms / 1000, "goodbye")
+
+    def _hang_up_at(self, t: float, why: str) -> None:
+        self._hangup_at = t
+        self.hangup_why = why

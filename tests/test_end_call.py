@@ -1,0 +1,78 @@
+"""The agent hangs up after the caller's goodbye has been answered with one
+(`turn.end_call_on_goodbye`), and not while the caller still has something to say. Calls of
+real recorded speech (Allison's "Goodbye" from the Asterisk prompts, a LibriVox sentence),
+through the real models; the phrase rule on its own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipelines.agent import Agent
+from pipelines.config import AgentConfig, TurnConfig
+from pipelines.farewell import is_farewell
+from pipelines.replay import replay_pcm
+from tests import speech
+from tests.ground_truth import audible_onsets
+from tests.test_replay import RATE
+from voice.audio import read_wav
+
+GRACE_S = 1.0
+
+
+@pytest.mark.parametrize("text", [
+    "Good bye.", "Okay, thanks, bye!", "That's all, thank you.", "Have a great day, goodbye!",
+    "Glad I could help. Take care, bye!", "Have a good day.", "No, nothing else. Thanks.", "good-bye",
+    "Enjoy the rest of your day.",
+])
+def test_leave_taking_lines_close_the_conversation(text: str) -> None:
+    assert is_farewell(text)
+
+
+@pytest.mark.parametrize("text", [
+    "Bye, wait, can you check my order?", "Is that all?", "Thank you.", "I need a table for two.",
+    "Have a look at my bill", "Maybe later.", "", "Nobody answered", "Goodbye? Hello?",
+])
+def test_other_lines_do_not(text: str) -> None:
+    assert not is_farewell(text)
+
+
+def _goodbye_call(tail_s: float) -> np.ndarray:
+    pcm, _ = read_wav(speech.allison("goodbye"), RATE)
+    return np.concatenate([np.zeros(RATE, np.int16), pcm, np.zeros(int(tail_s * RATE), np.int16)])
+
+
+async def _replay(engines, pcm: np.ndarray, on: bool = True) -> tuple[dict, np.ndarray]:
+    turn = TurnConfig(end_call_on_goodbye=on, end_call_grace_ms=int(GRACE_S * 1000))
+    return await replay_pcm(Agent(AgentConfig(turn=turn), engines), pcm, RATE, fast=True)
+
+
+@pytest.mark.slow
+async def test_the_agent_hangs_up_after_answering_a_goodbye_with_one(engines) -> None:
+    report, track = await _replay(engines, _goodbye_call(tail_s=10.0))
+    (turn,) = report["turns"]
+    assert is_farewell(turn["transcript"]) and is_farewell(turn["response"]), turn
+    assert report["call"]["ended"] == "agent_hangup" and report["call"]["hangup"] == "goodbye"
+    # the whole goodbye was heard, then the grace, then the line closed (not the 10 s of silence)
+    assert not turn["interrupted"]
+    end = turn["agent_audio_end_s"]
+    assert end + GRACE_S <= report["call"]["duration_s"] <= end + GRACE_S + 0.1
+    assert not [t for t in audible_onsets(track, RATE) if t > end], "nothing said after the goodbye"
+
+
+@pytest.mark.slow
+async def test_off_by_default_the_call_goes_on(engines) -> None:
+    report, _ = await _replay(engines, _goodbye_call(tail_s=4.0), on=False)
+    assert AgentConfig().turn.end_call_on_goodbye is False
+    assert report["call"]["ended"] == "completed" and report["call"]["hangup"] is None
+
+
+@pytest.mark.slow
+async def test_a_caller_who_speaks_again_after_the_goodbye_keeps_the_call(engines) -> None:
+    first = _goodbye_call(tail_s=10.0)
+    report, _ = await _replay(engines, first)
+    at = int((report["turns"][0]["agent_audio_end_s"] + GRACE_S / 2) * RATE)
+    more, _ = read_wav(speech.librivox()[4].path, RATE)  # "oh, one more thing" in the grace
+    report, _ = await _replay(engines, np.concatenate([first[:at], more, np.zeros(5 * RATE, np.int16)]))
+    assert report["call"]["ended"] == "completed" and report["call"]["hangup"] is None
+    assert len(report["turns"]) == 2 and report["turns"][1]["agent_audio_start_s"] is not None
