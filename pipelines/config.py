@@ -94,6 +94,10 @@ class TurnConfig(Section):
         False, description="the caller said goodbye and the agent's reply, heard whole, was a goodbye too: the "
                            "agent hangs up end_call_grace_ms after it (caller speech in between keeps the call)")
     end_call_grace_ms: int = Field(1000, ge=0, le=30000, description="how long after its goodbye the agent hangs up")
+    transfer_to: str | None = Field(
+        None, pattern=r"^(sips?|tel):\S+$", description="where a reply that hands the caller over (\"I'm handing "
+        "you over to a colleague now.\") transfers the call once heard, e.g. sip:desk@10.0.0.5 (SIP REFER; null: "
+        "the call goes on)")
 
 
 class BudgetConfig(Section):

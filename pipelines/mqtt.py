@@ -4,7 +4,7 @@ Topics, under ``{prefix}/{agent_id}``:
 
     status                                  retained {"state": "online"|"offline"}; the last will says offline
     {session_id}/{event type}               one JSON event (session/start, turn, partial, dtmf, ...)
-    {session_id}/control/{command}          in: say | hangup | mute | unmute | config/budgets
+    {session_id}/control/{command}          in: say | hangup | transfer | mute | unmute | config/budgets
     {session_id}/reply                      out: {"ok": ..., "error": ...} for every control message
 
 The broker must never be able to hurt a call. Events leave the bus through a subscriber
@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import random
+import re
 import ssl
 import time
 import uuid
@@ -39,8 +40,9 @@ from pipelines.events import SCHEMA_VERSION, Event, EventBus, Partial
 
 log = logging.getLogger(__name__)
 
-COMMANDS = ("say", "hangup", "mute", "unmute", "config/budgets")
+COMMANDS = ("say", "hangup", "transfer", "mute", "unmute", "config/budgets")
 MAX_CONTROL_BYTES = 64 * 1024
+TRANSFER_TARGET = re.compile(r"(sips?|tel):\S+")
 _WINDOW = 16  # QoS 1 publishes in flight at once (paho allows 20)
 # After these a pending partial is stale: the turn's final transcript supersedes it.
 _ENDS_UTTERANCE = frozenset({"endpoint", "turn", "session/end"})
@@ -50,6 +52,8 @@ class ControllableSession(Protocol):
     hangup_requested: asyncio.Event
 
     async def say(self, text: str) -> None: ...
+
+    def request_transfer(self, to: str) -> None: ...
 
     def set_muted(self, muted: bool) -> None: ...
 
@@ -471,6 +475,12 @@ class MqttBridge:
             await session.say(text.strip())
         elif command == "hangup":
             session.hangup_requested.set()
+        elif command == "transfer":
+            to = body.get("to") if isinstance(body, dict) else body
+            if not isinstance(to, str) or not TRANSFER_TARGET.fullmatch(to.strip()):
+                raise ControlError('transfer needs a SIP or tel URI: {"to": "sip:desk@10.0.0.5"} or a plain-text '
+                                   'payload')
+            session.request_transfer(to.strip())
         elif command in ("mute", "unmute"):
             session.set_muted(command == "mute")
         elif command == "config/budgets":

@@ -104,6 +104,9 @@ class CallSession(SpeculationPath, OwnWords):
         self.transport = transport
         self.session_id = session_id or uuid.uuid4().hex[:12]
         self.hangup_requested = asyncio.Event()
+        self.transfer_requested = asyncio.Event()  # `request_transfer`: the transport hands the call on
+        self.transfer: dict[str, Any] | None = None  # {to, why, t, result} of the last transfer asked for
+        self.can_transfer = False  # set by a transport that hands calls on (SIP REFER)
         self.muted = False
         self.closed = False
         self.end_reason: str | None = None  # why the call ended (`close`)
@@ -209,7 +212,8 @@ class CallSession(SpeculationPath, OwnWords):
             "call": {"session_id": self.session_id, "transport": self.transport,
                      "duration_s": round(self._audio_t, 3), "ended": self.end_reason,
                      # why the agent hung up: "goodbye", "idle", or an MQTT `hangup` ("operator")
-                     "hangup": (self.hangup_why or "operator") if self.hangup_requested.is_set() else None},
+                     "hangup": (self.hangup_why or "operator") if self.hangup_requested.is_set() else None,
+                     "transfer": self.transfer},
             "turns": turns,
             "dtmf": self.dtmf,
             "said": self.said,

@@ -86,7 +86,7 @@ class ReplyPath:
     _synth: Callable[..., Awaitable[np.ndarray]]
     _spawn: Callable[[Awaitable[Any]], asyncio.Task[Any]]
     _partial_covers_turn: Callable[[], bool]
-    _goodbye_said: Callable[[TurnRecord], None]
+    _closing_said: Callable[[TurnRecord], None]
 
     def _prev_reply(self, exclude: Speculation | None = None) -> Reply | None:
         """The newest finished speculative block of this turn, to warm-start the next one."""
@@ -314,7 +314,7 @@ class ReplyPath:
             self._play(np.zeros(0, dtype=np.int16), last=True)  # flush the resampler's tail
         utt.agent_audio_end_s = self.output.busy_until()
         self._final_once_heard(utt)
-        self._goodbye_said(utt)
+        self._closing_said(utt)
 
     async def _resume_cut_reply(self, cut: CutReply) -> None:
         """A false interruption: the barge-in that cut ``cut.turn``'s reply had no words in it

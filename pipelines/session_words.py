@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pipelines.closing import is_farewell, is_handoff
 from pipelines.events import Interrupt
-from pipelines.farewell import is_farewell
 
 if TYPE_CHECKING:
     from pipelines.config import AgentConfig
@@ -39,6 +39,10 @@ class OwnWords:
     said: list[dict[str, Any]]
     utt: TurnRecord | None
     hangup_requested: asyncio.Event
+    transfer_requested: asyncio.Event
+    transfer: dict[str, Any] | None
+    can_transfer: bool
+    transport: str
     _playing: TurnRecord | None
     _committed: bool
     _responding: asyncio.Task[None] | None
@@ -109,7 +113,13 @@ class OwnWords:
             return
         now = self.clock.now()
         if self._hangup_at is not None:
-            if now >= self._hangup_at:
+            if now < self._hangup_at:
+                return
+            self._hangup_at = None
+            if self.hangup_why == "transfer" and self.cfg.turn.transfer_to is not None:
+                self.hangup_why = None
+                self.request_transfer(self.cfg.turn.transfer_to, "handoff")
+            else:
                 self.hangup_requested.set()
             return
         turn = self.cfg.turn
@@ -134,14 +144,40 @@ class OwnWords:
         if self._idle_prompts:  # nobody has spoken since the prompts (a speech start resets them)
             self._hang_up_at(max(self.clock.now(), self.output.busy_until()), "idle")
 
-    def _goodbye_said(self, turn: TurnRecord) -> None:
-        """``turn``'s reply is all queued: if the caller said goodbye and the reply is one too
-        (`pipelines.farewell`), the agent hangs up `turn.end_call_grace_ms` after it has played,
-        unless the caller speaks before then (`_caller_spoke`) or cuts it off."""
-        if (self.cfg.turn.end_call_on_goodbye and not turn.interrupted and turn.agent_audio_end_s is not None
-                and is_farewell(turn.transcript) and is_farewell(turn.response)):
-            self._hang_up_at(turn.agent_audio_end_s + self.cfg.turn.end_call_grace_ms / 1000, "goodbye")
+    def _closing_said(self, turn: TurnRecord) -> None:
+        """``turn``'s reply is all queued. If the caller said goodbye and the reply is one too
+        (`pipelines.closing`), the agent hangs up `turn.end_call_grace_ms` after it has played;
+        if the reply hands the caller over and `turn.transfer_to` names where, the call is
+        transferred once it has played. Either waits for the caller not to speak before then
+        (`_caller_spoke`) nor cut the reply off."""
+        cfg = self.cfg.turn
+        if turn.interrupted or turn.agent_audio_end_s is None:
+            return
+        if cfg.transfer_to is not None and is_handoff(turn.response):
+            self._hang_up_at(turn.agent_audio_end_s, "transfer")
+        elif cfg.end_call_on_goodbye and is_farewell(turn.transcript) and is_farewell(turn.response):
+            self._hang_up_at(turn.agent_audio_end_s + cfg.end_call_grace_ms / 1000, "goodbye")
 
     def _hang_up_at(self, t: float, why: str) -> None:
+        """End the agent's part of the call at call time ``t``: hang up, or for ``why``
+        "transfer" hand the call to `turn.transfer_to`."""
         self._hangup_at = t
         self.hangup_why = why
+
+    def request_transfer(self, to: str, why: str = "operator") -> None:
+        """Ask the transport to transfer the call to ``to`` (a SIP URI) now: the agent's
+        handoff, or an operator's MQTT `transfer`. A transport that can (SIP, which sets
+        `can_transfer`) answers with `transfer_done`; with any other the call goes on, and
+        the report says why."""
+        self.transfer = {"to": to, "why": why, "t": round(self.clock.now(), 3), "result": None}
+        if not self.can_transfer:
+            self.transfer_done(f"unsupported: {self.transport} calls cannot be transferred")
+            return
+        self.transfer_requested.set()
+
+    def transfer_done(self, result: str) -> None:
+        """The transport's answer to `request_transfer`: ``transferred``, or why not (the
+        call goes on, and a later handoff may ask again)."""
+        if self.transfer is not None:
+            self.transfer["result"] = result
+        self.transfer_requested.clear()

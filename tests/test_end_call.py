@@ -1,7 +1,10 @@
-"""The agent hangs up after the caller's goodbye has been answered with one
-(`turn.end_call_on_goodbye`), and not while the caller still has something to say. Calls of
-real recorded speech (Allison's "Goodbye" from the Asterisk prompts, a LibriVox sentence),
-through the real models; the phrase rule on its own."""
+"""The agent ends its part of the call: it hangs up after the caller's goodbye has been
+answered with one (`turn.end_call_on_goodbye`), and not while the caller still has something to
+say; a reply that hands the caller over asks the transport for the transfer once heard
+(`turn.transfer_to`). Calls of real recorded speech (Allison's "Goodbye" from the Asterisk
+prompts, a LibriVox sentence) through the real models; the handoff through the scripted session
+of tests/test_turns.py (fake VAD, ASR, LM and TTS: the reply's words are the test's); the phrase
+rules on their own. The SIP REFER itself: tests/test_sip_peer.py, with sipp."""
 
 from __future__ import annotations
 
@@ -9,12 +12,13 @@ import numpy as np
 import pytest
 
 from pipelines.agent import Agent
+from pipelines.closing import is_farewell, is_handoff
 from pipelines.config import AgentConfig, TurnConfig
-from pipelines.farewell import is_farewell
 from pipelines.replay import replay_pcm
 from tests import speech
 from tests.ground_truth import audible_onsets
 from tests.test_replay import RATE
+from tests.test_turns import Seg, make_session, play_script
 from voice.audio import read_wav
 
 GRACE_S = 1.0
@@ -76,3 +80,60 @@ async def test_a_caller_who_speaks_again_after_the_goodbye_keeps_the_call(engine
     report, _ = await _replay(engines, np.concatenate([first[:at], more, np.zeros(5 * RATE, np.int16)]))
     assert report["call"]["ended"] == "completed" and report["call"]["hangup"] is None
     assert len(report["turns"]) == 2 and report["turns"][1]["agent_audio_start_s"] is not None
+
+
+def test_handoff_lines_say_the_caller_is_handed_over() -> None:
+    assert is_handoff("No problem. I'm handing you over to a colleague now.")
+    assert is_handoff("Of course. I'll transfer you to a person now, please hold.")
+    assert is_handoff("Let me put you through to billing.")
+    assert not is_handoff("Shall I transfer you?")
+    assert not is_handoff("I can help you with that.")
+    assert not is_handoff("The transfer went through yesterday.")
+
+
+HANDOFF = "No problem. I'm handing you over to a colleague now."
+ASK = [Seg(0.5, 1.5, "Can I speak to a real person?")]
+
+
+async def _handoff(reply: str, transfer_to: str | None, can_transfer: bool) -> tuple[dict, float | None]:
+    """The scripted call answered with ``reply``; the report, and when the transfer was asked."""
+    session, *_, responder, _ = make_session(ASK, AgentConfig(turn=TurnConfig(transfer_to=transfer_to)))
+    responder.reply = reply
+    session.can_transfer = can_transfer
+    asked: list[float] = []
+
+    def watch(t: float) -> None:
+        if session.transfer_requested.is_set() and not asked:
+            asked.append(t)
+
+    await play_script(session, ASK, 8.0, watch)
+    return await session.close(), (asked[0] if asked else None)
+
+
+async def test_a_handoff_reply_asks_for_the_transfer_once_it_has_been_heard() -> None:
+    report, asked = await _handoff(HANDOFF, "sip:desk@example.com", can_transfer=True)
+    turn = report["turns"][0]
+    assert turn["response"] == HANDOFF
+    assert asked is not None and turn["agent_audio_end_s"] <= asked + 0.02 < turn["agent_audio_end_s"] + 0.1
+    transfer = report["call"]["transfer"]
+    assert transfer["to"] == "sip:desk@example.com" and transfer["why"] == "handoff"
+    assert transfer["result"] is None  # the transport's to answer (SIP: REFER)
+    assert report["call"]["hangup"] is None
+
+
+async def test_no_transfer_without_a_target_a_handoff_or_a_transport_that_can() -> None:
+    report, asked = await _handoff(HANDOFF, None, can_transfer=True)
+    assert asked is None and report["call"]["transfer"] is None
+    report, asked = await _handoff("Sure, I can help with that.", "sip:desk@example.com", can_transfer=True)
+    assert asked is None and report["call"]["transfer"] is None
+    report, asked = await _handoff(HANDOFF, "sip:desk@example.com", can_transfer=False)
+    assert asked is None
+    assert report["call"]["transfer"]["result"] == "unsupported: replay calls cannot be transferred"
+
+
+def test_transfer_target_must_be_a_sip_or_tel_uri(tmp_path) -> None:
+    from pipelines.config import ConfigError, load_config
+
+    (tmp_path / "c.yaml").write_text("turn:\n  transfer_to: desk 12\n")
+    with pytest.raises(ConfigError, match="transfer_to"):
+        load_config(tmp_path / "c.yaml")

@@ -52,12 +52,16 @@ class FakeSession:
         self.muted = False
         self.budgets = BudgetConfig()
         self.hangup_requested = asyncio.Event()
+        self.transfers: list[str] = []
         self.fail_say = False
 
     async def say(self, text: str) -> None:
         if self.fail_say:
             raise RuntimeError("TTS is down")
         self.said.append(text)
+
+    def request_transfer(self, to: str) -> None:
+        self.transfers.append(to)
 
     def set_muted(self, muted: bool) -> None:
         self.muted = muted
@@ -311,11 +315,17 @@ async def test_control_messages_act_on_live_sessions(broker: Mosquitto) -> None:
         assert not r["ok"] and "TTS is down" in r["error"]
         session.fail_say = False
 
+        assert (await send("transfer", '{"to": "sip:desk@10.0.0.5"}'))["ok"]
+        assert (await send("transfer", "tel:+15550100"))["ok"]
+        r = await send("transfer", '{"to": "the front desk"}')
+        assert not r["ok"] and "SIP or tel URI" in r["error"]
+        assert session.transfers == ["sip:desk@10.0.0.5", "tel:+15550100"]
+
         assert not session.hangup_requested.is_set()
         assert (await send("hangup", '{"reason": "operator"}'))["ok"]
         assert session.hangup_requested.is_set()
         stats = await bridge.close()
-    assert stats["control_ok"] == 6 and stats["control_errors"] == 11
+    assert stats["control_ok"] == 8 and stats["control_errors"] == 12
     assert not bystander.hangup_requested.is_set()
 
 

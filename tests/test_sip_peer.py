@@ -251,3 +251,50 @@ def test_scenarios_are_valid_xml():
 
     for f in Path(SCENARIOS).glob("*.xml"):
         assert ET.parse(f).getroot().tag == "scenario"
+
+
+async def _transferred_by_operator(tmp_path, agent, scenario: str) -> tuple[Any, Any]:
+    """sipp says a sentence; two seconds into the call an operator asks for a transfer (as an
+    MQTT `transfer` does: `CallSession.request_transfer`), and the call runs `scenario`."""
+    speech = read_wav(librivox()[1].path, 8000)[0]
+    line = np.concatenate([np.zeros(8000, np.int16), speech, np.zeros(8000 * 10, np.int16)])
+    write_rtp_pcap(tmp_path / "speech.pcap", line, PCMU)
+    server = await start(agent)
+
+    async def operator() -> None:
+        while not agent.sessions:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(2.0)
+        next(iter(agent.sessions.values())).request_transfer("sip:desk@example.com")
+
+    task = asyncio.create_task(operator())
+    try:
+        args = sipp_args("-sf", str(SCENARIOS / scenario))
+        run = await run_sipp((server.host, server.port), args, sipp_workdir(tmp_path), limit_s=60)
+    finally:
+        task.cancel()
+        await server.close()
+    return run, server
+
+
+@pytest.mark.slow
+async def test_sipp_a_call_is_transferred_by_refer_and_then_ended(tmp_path, agent):
+    """The agent REFERs the caller to the transfer target; sipp accepts, reports the target's
+    200 in a NOTIFY, and gets the agent's BYE (sipp fails the call without each of them)."""
+    run, server = await _transferred_by_operator(tmp_path, agent, "uac_transfer.xml")
+    assert run.returncode == 0, sipp_log(tmp_path)
+    (record,) = server.finished
+    assert record.reason == "transferred"
+    transfer = record.report["call"]["transfer"]
+    assert transfer["to"] == "sip:desk@example.com" and transfer["why"] == "operator"
+    assert transfer["result"] == "transferred"
+
+
+@pytest.mark.slow
+async def test_sipp_a_declined_transfer_leaves_the_call_with_the_agent(tmp_path, agent):
+    """sipp declines the REFER (603); the call goes on with the agent until sipp hangs up."""
+    run, server = await _transferred_by_operator(tmp_path, agent, "uac_transfer_declined.xml")
+    assert run.returncode == 0, sipp_log(tmp_path)
+    (record,) = server.finished
+    assert record.reason == "caller_hangup"
+    assert record.report["call"]["transfer"]["result"] == "refused: 603 Decline"

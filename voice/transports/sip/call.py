@@ -2,8 +2,9 @@
 
 The call owns the INVITE's server transaction until it is answered, retransmits its 2xx
 until the ACK arrives (13.3.1.4), handles in-dialog requests (re-INVITE for hold, INFO
-DTMF, OPTIONS, BYE) and ends the dialog from our side with a BYE when the agent hangs up,
-the caller's RTP stops, or the server shuts down.
+DTMF, OPTIONS, BYE, the NOTIFYs of a transfer), transfers the call with a REFER when the session
+asks (RFC 3515), and ends the dialog from our side with a BYE when the agent hangs up, the call
+has been transferred, the caller's RTP stops, or the server shuts down.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from . import sdp
 from .config import SipConfig
 from .dtmf import DtmfError, parse_info_body
 from .media import CallMedia
-from .message import SipMessage, parse_cseq, parse_name_addr, parse_uri
+from .message import SipMessage, parse_cseq, parse_name_addr, parse_uri, sipfrag_status
 from .sdp import LocalSdp, MediaPlan
 from .transaction import Addr, ServerTransaction, Timers, TransactionLayer, new_branch
 
 log = logging.getLogger("voice.sip")
-ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO"
+ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, NOTIFY"
 
 
 class CallState(Enum):
@@ -126,6 +127,7 @@ class SipCall:
         self._no_ack = asyncio.Event()
         self._pending_ack: tuple[int, asyncio.Event, bool] | None = None  # (CSeq, acked, we offered)
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._refer_outcome: asyncio.Future[int] | None = None  # the transfer target's final status
 
     @property
     def key(self) -> tuple[str, str]:
@@ -170,6 +172,7 @@ class SipCall:
         self.session = self.server.agent.new_session(
             output=self.media.output, clock=self.clock, transport="sip", session_id=self.session_id, **admitted
         )
+        self.session.can_transfer = True  # `_transfer`: REFER
         await self.session.start()
         if self._cancelled.is_set():
             self.reason = "cancelled"
@@ -190,15 +193,34 @@ class SipCall:
         return True
 
     async def _in_call(self) -> None:
+        while True:
+            reason = await self._until_end()
+            if reason != "transfer":
+                break
+            if await self._transfer():  # else the transfer failed, and the call goes on
+                reason = "transferred"
+                break
+        self.reason = self._stop_reason if reason == "stop" else reason
+        if reason == "agent_hangup":
+            # Let the goodbye play out before hanging up (bounded, in case the output is stuck).
+            wait = min(10.0, self.media.output.busy_until() - self.clock.now())
+            if wait > 0:
+                await asyncio.sleep(wait)
+        if not self._bye.is_set():
+            await self._send_bye()
+
+    async def _until_end(self) -> str:
+        """Wait for what ends the call (or, ``transfer``, asks to hand it on); its name."""
         waits: dict[str, Any] = {
             "caller_hangup": self._bye.wait(),
             "no_ack": self._no_ack.wait(),
             "stop": self._stop.wait(),
             "rtp_timeout": self._watch_rtp(),
         }
-        hangup = getattr(self.session, "hangup_requested", None)
-        if isinstance(hangup, asyncio.Event):
-            waits["agent_hangup"] = hangup.wait()
+        for name, attr in (("agent_hangup", "hangup_requested"), ("transfer", "transfer_requested")):
+            event = getattr(self.session, attr, None)
+            if isinstance(event, asyncio.Event):
+                waits[name] = event.wait()
         tasks = {asyncio.create_task(coro): name for name, coro in waits.items()}
         done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for t in pending:
@@ -209,15 +231,37 @@ class SipCall:
             # the caller's BYE came in the same loop turn as something else (a server shutdown
             # right after it): the caller hung up
             ended.add("caller_hangup")
-        reason = next(name for name in waits if name in ended)  # in the order of ``waits``
-        self.reason = self._stop_reason if reason == "stop" else reason
-        if reason == "agent_hangup":
-            # Let the goodbye play out before hanging up (bounded, in case the output is stuck).
-            wait = min(10.0, self.media.output.busy_until() - self.clock.now())
-            if wait > 0:
-                await asyncio.sleep(wait)
-        if not self._bye.is_set():
-            await self._send_bye()
+        return next(name for name in waits if name in ended)  # in the order of ``waits``
+
+    async def _transfer(self) -> bool:
+        """Hand the call to the session's transfer target (`CallSession.request_transfer`)
+        with a REFER (RFC 3515), and follow it through the caller's NOTIFYs: true once the
+        transfer target answered (the BYE follows), false when the caller refused the REFER
+        or the target did not answer (the call goes on); the session is told which."""
+        to = self.session.transfer["to"]
+        refer = self._request("REFER")
+        refer.add("Refer-To", f"<{to}>")
+        refer.add("Referred-By", f"<sip:voice-agent@{self.server.contact_for(self.local_ip)}>")
+        refer.add("Contact", f"<sip:voice-agent@{self.server.contact_for(self.local_ip)}>")
+        self._refer_outcome = asyncio.get_running_loop().create_future()
+        try:
+            reply = await asyncio.wait_for(self.server.txns.request(refer, self._bye_destination()), 5.0)
+        except TimeoutError:
+            reply = None
+        if reply is None:
+            result = "failed: no answer to REFER"
+        elif not 200 <= reply.status < 300:
+            result = f"refused: {reply.status} {reply.reason}".strip()
+        else:
+            try:
+                status = await asyncio.wait_for(self._refer_outcome, self.server.config.transfer_timeout_s)
+                result = "transferred" if 200 <= status < 300 else f"failed: {status}"
+            except TimeoutError:
+                result = f"failed: no final NOTIFY in {self.server.config.transfer_timeout_s:.0f} s"
+        self._refer_outcome = None
+        log.info("call %s: transfer to %s: %s", self.call_id, to, result)
+        self.session.transfer_done(result)
+        return result == "transferred"
 
     async def _watch_rtp(self) -> None:
         timeout = self.server.config.rtp_timeout_s
@@ -324,6 +368,8 @@ class SipCall:
             self._reinvite(req, txn)
         elif req.method == "INFO":
             self._info(req, txn)
+        elif req.method == "NOTIFY":
+            self._notify(req, txn)
         elif req.method == "OPTIONS":
             self._respond(txn, 200, extra=(("Allow", ALLOW), ("Accept", "application/sdp")))
         else:
@@ -371,6 +417,18 @@ class SipCall:
         if self.session is not None:
             self.session.push_dtmf(digit.digit, digit.duration_ms)
 
+    def _notify(self, req: SipMessage, txn: ServerTransaction) -> None:
+        """The progress of our REFER (RFC 3515 2.4.4): a sipfrag whose status line is the
+        transfer target's answer; a final one settles `_transfer`."""
+        if (req.get("Event") or "").split(";")[0].strip().lower() != "refer":
+            self._respond(txn, 489, extra=(("Allow-Events", "refer"),))  # RFC 6665: Bad Event
+            return
+        self._respond(txn, 200)
+        status = sipfrag_status(req.body.decode("utf-8", "replace"))
+        outcome = self._refer_outcome
+        if status is not None and status >= 200 and outcome is not None and not outcome.done():
+            outcome.set_result(status)
+
     def _apply(self, plan: MediaPlan) -> None:
         was = self.plan
         self.plan = plan
@@ -415,18 +473,23 @@ class SipCall:
         self._pending_ack = None
         self._no_ack.set()
 
-    async def _send_bye(self) -> None:
+    def _request(self, method: str) -> SipMessage:
+        """A new in-dialog request from our side (RFC 3261 12.2.1.1)."""
         self.local_cseq += 1
-        bye = SipMessage(method="BYE", uri=self.remote_target)
-        bye.add("Via", f"SIP/2.0/UDP {self.server.contact_for(self.local_ip)};branch={new_branch()};rport")
-        bye.add("Max-Forwards", "70")
-        bye.add("From", self._local_to())
-        bye.add("To", self.invite.get("From") or "")
-        bye.add("Call-ID", self.call_id)
-        bye.add("CSeq", f"{self.local_cseq} BYE")
+        msg = SipMessage(method=method, uri=self.remote_target)
+        msg.add("Via", f"SIP/2.0/UDP {self.server.contact_for(self.local_ip)};branch={new_branch()};rport")
+        msg.add("Max-Forwards", "70")
+        msg.add("From", self._local_to())
+        msg.add("To", self.invite.get("From") or "")
+        msg.add("Call-ID", self.call_id)
+        msg.add("CSeq", f"{self.local_cseq} {method}")
         for route in self.route_set:
-            bye.add("Route", route)
-        bye.add("User-Agent", self.server.user_agent)
+            msg.add("Route", route)
+        msg.add("User-Agent", self.server.user_agent)
+        return msg
+
+    async def _send_bye(self) -> None:
+        bye = self._request("BYE")
         try:
             reply = await asyncio.wait_for(self.server.txns.request(bye, self._bye_destination()), 5.0)
         except TimeoutError:

@@ -25,6 +25,9 @@ class SipConfig(Section):
     answer_delay_ms: int = Field(0, ge=0, le=60000, description="ring this long before answering")
     jitter_ms: int = Field(60, ge=0, le=1000, description="receive jitter buffer depth")
     rtp_timeout_s: float = Field(60.0, ge=0, le=3600, description="hang up after this long without RTP (0: never)")
+    transfer_timeout_s: float = Field(
+        30.0, gt=0, le=600, description="how long a transfer (REFER) may wait for the target to answer before the "
+                                        "call goes on with the agent")
 
     @model_validator(mode="after")
     def _check(self) -> SipConfig:

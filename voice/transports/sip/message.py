@@ -311,3 +311,12 @@ def response(request: SipMessage, status: int, to_tag: str | None = None, reason
                 v = f"{v};tag={to_tag}"
             msg.headers.append((n, v))
     return msg
+
+
+def sipfrag_status(body: str) -> int | None:
+    """The status code of a ``message/sipfrag`` body's first line ("SIP/2.0 200 OK"), as a
+    REFER's NOTIFY carries it (RFC 3515 2.4.5); None when it is not a status line."""
+    first = body.strip().split("\n", 1)[0].strip().split()
+    if len(first) >= 2 and first[0].upper() == "SIP/2.0" and first[1].isdigit() and len(first[1]) == 3:
+        return int(first[1])
+    return None

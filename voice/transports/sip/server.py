@@ -241,7 +241,7 @@ class SipServer(asyncio.DatagramProtocol):
             self._on_invite(req, addr, txn)
         elif req.method == "OPTIONS":
             self._respond(txn, 200, extra=(("Allow", ALLOW), ("Accept", "application/sdp")))
-        elif req.method in ("BYE", "INFO"):
+        elif req.method in ("BYE", "INFO", "NOTIFY"):
             self._respond(txn, 481)
         else:
             self._respond(txn, 405, extra=(("Allow", ALLOW),))
