@@ -61,7 +61,7 @@ class OwnWords:
         self._idle_prompts = 0  # prompts since the caller last spoke
         self._idle_task: asyncio.Task[None] | None = None
         self._hangup_at: float | None = None  # the goodbye ends here, then the agent hangs up
-        self.hangup_why: str | None = None  # "idle" or "goodbye", once the agent has decided to hang up
+        self.hangup_why: str | None = None  # "idle", "goodbye" (or "transfer", pending) once the agent has decided
 
     def _greet(self) -> None:
         if self.cfg.turn.greeting:
