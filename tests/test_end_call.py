@@ -137,3 +137,21 @@ def test_transfer_target_must_be_a_sip_or_tel_uri(tmp_path) -> None:
     (tmp_path / "c.yaml").write_text("turn:\n  transfer_to: desk 12\n")
     with pytest.raises(ConfigError, match="transfer_to"):
         load_config(tmp_path / "c.yaml")
+
+
+@pytest.mark.slow
+async def test_the_real_model_hands_over_a_caller_who_asks_for_a_person(engines) -> None:
+    # The caller's words are voiced by Piper (no recording of this request is at hand); the
+    # ASR, the LM's reply and the decision are the real ones. Replay cannot transfer, so the
+    # report says the transfer was asked for and why it did not happen.
+    from voice.audio import resample
+
+    pcm = resample(engines.tts.synth("Can I speak to a real person?"), engines.tts.sample_rate, RATE)
+    call = np.concatenate([np.zeros(RATE, np.int16), pcm, np.zeros(5 * RATE, np.int16)])
+    agent = Agent(AgentConfig(turn=TurnConfig(transfer_to="sip:desk@example.com")), engines)
+    report, _ = await replay_pcm(agent, call, RATE, fast=True)
+    (turn,) = report["turns"]
+    assert is_handoff(turn["response"]), turn["response"]
+    transfer = report["call"]["transfer"]
+    assert transfer["why"] == "handoff" and transfer["t"] >= turn["agent_audio_end_s"] - 0.02
+    assert transfer["result"] == "unsupported: replay calls cannot be transferred"
