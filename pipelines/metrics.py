@@ -148,6 +148,9 @@ class AgentMetrics:
         self.dtmf = Counter("dtmf_digits", "DTMF digits received", ["transport"], namespace=NAMESPACE, registry=r)
         self.sessions = Counter("sessions", "Calls started", ["transport"], namespace=NAMESPACE, registry=r)
         self.sessions_active = Gauge("sessions_active", "Calls in progress", namespace=NAMESPACE, registry=r)
+        self.sessions_ended = Counter(
+            "sessions_ended", "Calls ended, by why (caller_hangup, agent_hangup, transferred, rtp_timeout, ...)",
+            ["transport", "reason"], namespace=NAMESPACE, registry=r)
         self._drops = _DropCollector()
         r.register(self._drops)
         self._hits = 0
@@ -188,6 +191,7 @@ class AgentMetrics:
         elif kind == "session/end":
             if self._transport.pop(ev.session_id, None) is not None:
                 self.sessions_active.dec()
+                self.sessions_ended.labels(transport, str(getattr(ev, "reason", "unknown"))).inc()
 
     def _turn(self, transport: str, report: dict[str, Any]) -> None:
         self.turns.labels(transport).inc()

@@ -53,7 +53,8 @@ async def test_metric_names_and_values_from_turn_events() -> None:
         bus.emit(Interrupt("a", 10.5, turn=1, heard_text="sure"))
         bus.emit(Resume("a", 11.0, turn=1, text="Sure, I can help."))  # the second had no words
         bus.emit(Dtmf("a", 11.0, digit="5"))
-        bus.emit(SessionEnd("b", 5.0, turns=1))
+        bus.emit(SessionEnd("b", 5.0, reason="transferred", turns=1))
+        bus.emit(SessionEnd("b", 5.1, reason="transferred", turns=1))  # said twice: counted once
         drops[0] = 7
 
         m = await asyncio.to_thread(scrape, server.url)
@@ -79,6 +80,7 @@ async def test_metric_names_and_values_from_turn_events() -> None:
         assert m[("voice_agent_turns_total", (("transport", "webrtc"),))] == 1
         assert m[("voice_agent_sessions_total", sip)] == 1
         assert m[("voice_agent_sessions_active", ())] == 1
+        assert m[("voice_agent_sessions_ended_total", (("reason", "transferred"), ("transport", "webrtc")))] == 1
         assert m[("voice_agent_events_dropped_total", (("sink", "mqtt"),))] == 7
     finally:
         server.close()
