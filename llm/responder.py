@@ -28,7 +28,7 @@ import torch
 from llm.block_decoder import BlockDiffusionDecoder, BlockOptions
 from llm.config import LlmConfig
 from llm.decoder import BlockResult, DecodeOptions, DecodeStats, generate_block, generate_blocks
-from llm.loader import EMBEDDED_MDLM, LoadedLM, load_lm
+from llm.loader import EMBEDDED_MDLM, LoadedLM, ModelLoadError, load_lm
 from llm.turn_end import PROBE_FILE, TurnEndProbe
 
 
@@ -134,12 +134,18 @@ class Responder:
     def load(cls, cfg: LlmConfig | None = None, turn_end: bool = True) -> Responder:
         """``turn_end=False``: replies only, no end-of-turn probe (and no second model for it)."""
         cfg = cfg or LlmConfig()
-        lm = load_lm(cfg)
+        try:
+            lm = load_lm(cfg)
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"llm.model_path: {exc}") from None
         probe_lm = None
         if turn_end and not (lm.path / PROBE_FILE).exists():
             probe_path = cfg.turn_end_model_path or str(EMBEDDED_MDLM)
             # the probe was fitted on float32 features
-            probe_lm = load_lm(LlmConfig(model_path=probe_path, dtype="float32", threads=cfg.threads))
+            try:
+                probe_lm = load_lm(LlmConfig(model_path=probe_path, dtype="float32", threads=cfg.threads))
+            except ModelLoadError as exc:
+                raise ModelLoadError(f"llm.turn_end_model_path: {exc}") from None
         return cls(lm, cfg, probe_lm)
 
     def block_options(self, deadline: float | None = None, prompt: list[int] | None = None,

@@ -14,7 +14,7 @@ from llm.remote import RemoteResponder
 from llm.responder import Responder
 from pipelines.admission import Admission, Seat
 from pipelines.allocator import TRIM_EVERY_S, release_free_memory
-from pipelines.config import AgentConfig
+from pipelines.config import AgentConfig, ConfigError
 from pipelines.events import EventBus
 from pipelines.gc_policy import collect_ended_call, freeze_loaded
 from pipelines.reply_cache.cache import ReplyCache
@@ -44,7 +44,12 @@ def load_engines(cfg: AgentConfig) -> Engines:
         # the server may still be starting: a call goes on without it (the fallback answers)
         responder = RemoteResponder.load(cfg.llm, turn_end=cfg.turn.lm_end_of_turn)
     else:
-        responder = Responder.load(cfg.llm)
+        from llm.loader import ModelLoadError
+
+        try:
+            responder = Responder.load(cfg.llm)
+        except ModelLoadError as exc:  # a missing or broken model: one line naming the key
+            raise ConfigError(str(exc)) from None
         responder.generate("hello")
     tts = PiperTTS(cfg.tts)
     asr.warmup()

@@ -181,3 +181,17 @@ async def test_report_gap_is_the_gap_the_caller_hears(agent, rate: int) -> None:
         true_gap = (heard - end) * 1000
         assert turn["gap_ms"] == pytest.approx(true_gap, abs=80), (turn["gap_ms"], true_gap, turn["vad_gap_ms"])
         assert turn["agent_audible_s"] >= turn["agent_audio_start_s"] - 1e-3
+
+
+def test_cli_a_missing_model_is_one_line_naming_the_key(tmp_path) -> None:
+    wav = tmp_path / "in.wav"
+    sf.write(wav, np.zeros(16000, np.int16), 16000)
+    for key, line in (("model_path", "llm.model_path: no model directory at"),
+                      ("turn_end_model_path", "llm.turn_end_model_path: no model directory at")):
+        (tmp_path / "c.yaml").write_text(f"llm:\n  {key}: {tmp_path / 'gone'}\n")
+        r = _cli("replay", str(wav), "--out", str(tmp_path / "o.wav"), "--report", str(tmp_path / "r.json"),
+                 "--config", str(tmp_path / "c.yaml"), "--fast")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        (err,) = [x for x in r.stderr.splitlines() if x.strip()]
+        assert err.startswith(f"voice-agent: error: {line}"), err
+        assert not (tmp_path / "o.wav").exists()
