@@ -20,10 +20,10 @@ from pipelines.gc_policy import collect_ended_call, freeze_loaded
 from pipelines.reply_cache.cache import ReplyCache
 from pipelines.session import CallSession, Engines
 from pipelines.transport import AudioOutput, Clock
-from voice.asr import WhisperEngine
+from voice.asr import AsrLoadError, WhisperEngine
 from voice.smart_turn import SmartTurn
 from voice.transports.base import Refusal
-from voice.tts import PiperTTS
+from voice.tts import PiperTTS, TtsLoadError
 from voice.workers import EngineWorkers, workers_of
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,10 @@ def load_engines(cfg: AgentConfig) -> Engines:
     # fighting each other were measured 25x slower (PITFALLS.md).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     torch.set_num_threads(cfg.llm.threads)
-    asr = WhisperEngine(cfg.asr)
+    try:
+        asr = WhisperEngine(cfg.asr)
+    except AsrLoadError as exc:
+        raise ConfigError(f"asr.model_path: {exc}") from None
     responder: Responder | RemoteResponder
     if cfg.llm.backend == "openai":
         # the server may still be starting: a call goes on without it (the fallback answers)
@@ -51,7 +54,10 @@ def load_engines(cfg: AgentConfig) -> Engines:
         except ModelLoadError as exc:  # a missing or broken model: one line naming the key
             raise ConfigError(str(exc)) from None
         responder.generate("hello")
-    tts = PiperTTS(cfg.tts)
+    try:
+        tts = PiperTTS(cfg.tts)
+    except TtsLoadError as exc:
+        raise ConfigError(f"tts.model_path: {exc}") from None
     asr.warmup()
     tts.synth("Hello.")
     if cfg.cache.enabled and isinstance(responder, Responder):

@@ -183,12 +183,22 @@ async def test_report_gap_is_the_gap_the_caller_hears(agent, rate: int) -> None:
         assert turn["agent_audible_s"] >= turn["agent_audio_start_s"] - 1e-3
 
 
-def test_cli_a_missing_model_is_one_line_naming_the_key(tmp_path) -> None:
+def test_cli_a_missing_or_corrupt_model_is_one_line_naming_the_key(tmp_path) -> None:
     wav = tmp_path / "in.wav"
     sf.write(wav, np.zeros(16000, np.int16), 16000)
-    for key, line in (("model_path", "llm.model_path: no model directory at"),
-                      ("turn_end_model_path", "llm.turn_end_model_path: no model directory at")):
-        (tmp_path / "c.yaml").write_text(f"llm:\n  {key}: {tmp_path / 'gone'}\n")
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "model.bin").write_bytes(b"not a model")
+    (tmp_path / "voice.onnx").write_bytes(b"not a model")
+    (tmp_path / "voice.onnx.json").write_text("{}")
+    for section, key, value, line in (
+        ("llm", "model_path", tmp_path / "gone", "llm.model_path: no model directory at"),
+        ("llm", "turn_end_model_path", tmp_path / "gone", "llm.turn_end_model_path: no model directory at"),
+        ("asr", "model_path", tmp_path / "gone", "asr.model_path: no CTranslate2 Whisper model in"),
+        ("asr", "model_path", tmp_path / "junk", "asr.model_path: Whisper model in"),
+        ("tts", "model_path", tmp_path / "gone.onnx", "tts.model_path: Piper voice not found"),
+        ("tts", "model_path", tmp_path / "voice.onnx", "tts.model_path: Piper voice"),
+    ):
+        (tmp_path / "c.yaml").write_text(f"{section}:\n  {key}: {value}\n")
         r = _cli("replay", str(wav), "--out", str(tmp_path / "o.wav"), "--report", str(tmp_path / "r.json"),
                  "--config", str(tmp_path / "c.yaml"), "--fast")
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr

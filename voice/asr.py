@@ -144,10 +144,13 @@ class WhisperEngine:
         path = Path(self.cfg.model_path) if self.cfg.model_path else default_model_path()
         if not (path / "model.bin").exists():
             raise AsrLoadError(f"no CTranslate2 Whisper model in {path}")
-        self.model = WhisperModel(
-            str(path), device="cpu", compute_type=self.cfg.compute_type, cpu_threads=self.cfg.threads,
-            num_workers=self.cfg.workers,
-        )
+        try:
+            self.model = WhisperModel(
+                str(path), device="cpu", compute_type=self.cfg.compute_type, cpu_threads=self.cfg.threads,
+                num_workers=self.cfg.workers,
+            )
+        except (RuntimeError, OSError, ValueError) as exc:  # a corrupt model.bin or a missing vocabulary
+            raise AsrLoadError(f"Whisper model in {path} does not load: {str(exc).splitlines()[0][:200]}") from None
         self.tokenizer = Tokenizer(
             self.model.hf_tokenizer, self.model.model.is_multilingual, task="transcribe", language=self.cfg.language
         )

