@@ -123,7 +123,19 @@ def _summary_line(report: dict[str, Any], budgets: dict[str, float]) -> Text:
     dtmf = report.get("dtmf") or []
     if dtmf:
         parts.append("dtmf " + "".join(str(d.get("digit", "")) for d in dtmf if isinstance(d, dict)))
+    parts.extend(_call_end(report.get("call") or {}))
     return Text(" · ".join(parts))
+
+
+def _call_end(call: dict[str, Any]) -> list[str]:
+    """How the call ended, when the agent ended it or a transfer was asked for."""
+    out = []
+    transfer = call.get("transfer")
+    if isinstance(transfer, dict):
+        out.append(f"transfer to {transfer.get('to')} ({transfer.get('why')}): {transfer.get('result') or 'asked'}")
+    if call.get("hangup"):
+        out.append(f"agent hung up ({call['hangup']})")
+    return out
 
 
 # -- command -------------------------------------------------------------------------

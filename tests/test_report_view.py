@@ -129,6 +129,13 @@ def test_table_shows_every_turn_and_flags_overruns() -> None:
     render_table(report, wide)
     plain = wide.export_text()
     assert "barge-in with no words; went on at 9.50 s" in plain and "(1 with no words)" in plain
+    assert "hung up" not in plain and "transfer" not in plain
+    report["call"].update(hangup="goodbye", transfer={"to": "sip:desk@example.com", "why": "handoff", "t": 11.0,
+                                                      "result": "refused: 603 Decline"})
+    render_table(report, wide)
+    plain = " ".join(wide.export_text().split())  # the summary line wraps
+    assert "agent hung up (goodbye)" in plain
+    assert "transfer to sip:desk@example.com (handoff): refused: 603 Decline" in plain
 
 
 def test_plot_is_a_png_with_every_stage_drawn(tmp_path: Path) -> None:
