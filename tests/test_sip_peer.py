@@ -298,3 +298,15 @@ async def test_sipp_a_declined_transfer_leaves_the_call_with_the_agent(tmp_path,
     (record,) = server.finished
     assert record.reason == "caller_hangup"
     assert record.report["call"]["transfer"]["result"] == "refused: 603 Decline"
+
+
+@pytest.mark.slow
+async def test_sipp_a_caller_who_hangs_up_during_the_transfer_ends_the_call_at_once(tmp_path, agent):
+    """sipp accepts the REFER (202) and hangs up with no NOTIFY: the agent stops waiting for
+    the transfer target's answer and the call ends as the caller's hangup."""
+    run, server = await _transferred_by_operator(tmp_path, agent, "uac_transfer_hangup.xml")
+    assert run.returncode == 0, sipp_log(tmp_path)
+    (record,) = server.finished
+    assert record.reason == "caller_hangup"
+    assert record.report["call"]["transfer"]["result"] == "failed: the call ended before the target answered"
+    assert record.duration_s < 20  # not held for sip.transfer_timeout_s (30 s) after the BYE

@@ -253,11 +253,7 @@ class SipCall:
         elif not 200 <= reply.status < 300:
             result = f"refused: {reply.status} {reply.reason}".strip()
         else:
-            try:
-                status = await asyncio.wait_for(self._refer_outcome, self.server.config.transfer_timeout_s)
-                result = "transferred" if 200 <= status < 300 else f"failed: {status}"
-            except TimeoutError:
-                result = f"failed: no final NOTIFY in {self.server.config.transfer_timeout_s:.0f} s"
+            result = await self._refer_result(self._refer_outcome)
         self._refer_outcome = None
         log.info("call %s: transfer to %s: %s", self.call_id, to, result)
         self.session.transfer_done(result)
@@ -416,6 +412,23 @@ class SipCall:
         self.media.receiver.digits.append(digit)
         if self.session is not None:
             self.session.push_dtmf(digit.digit, digit.duration_ms)
+
+    async def _refer_result(self, outcome: asyncio.Future[int]) -> str:
+        """Wait for the transfer target's final answer in a NOTIFY; a caller who hangs up (or a
+        server that stops) meanwhile ends the wait at once."""
+        timeout = self.server.config.transfer_timeout_s
+        ended = [asyncio.ensure_future(self._bye.wait()), asyncio.ensure_future(self._stop.wait())]
+        try:
+            await asyncio.wait([outcome, *ended], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in ended:
+                task.cancel()
+        if outcome.done():
+            status = outcome.result()
+            return "transferred" if 200 <= status < 300 else f"failed: {status}"
+        if self._bye.is_set() or self._stop.is_set():
+            return "failed: the call ended before the target answered"
+        return f"failed: no final NOTIFY in {timeout:.0f} s"
 
     def _notify(self, req: SipMessage, txn: ServerTransaction) -> None:
         """The progress of our REFER (RFC 3515 2.4.4): a sipfrag whose status line is the
