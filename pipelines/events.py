@@ -96,6 +96,18 @@ class Interrupt(Event):
 
 
 @dataclass
+class Transfer(Event):
+    """The call is being handed on to ``to`` (``why``: ``handoff``, the agent's reply said so,
+    or ``operator``); sent when asked (``result`` None) and again with the transport's answer
+    (``transferred``, or why not, and then the call goes on)."""
+
+    to: str = ""
+    why: str = ""
+    result: str | None = None
+    kind: str = field(init=False, default="transfer")
+
+
+@dataclass
 class Resume(Event):
     """A false interruption: the barge-in's sound had no words, so the agent goes on with the
     reply it cut, from the start of the sentence the caller was cut off in (``text``)."""

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipelines.closing import is_farewell, is_handoff
-from pipelines.events import Interrupt
+from pipelines.events import Interrupt, Transfer
 
 if TYPE_CHECKING:
     from pipelines.config import AgentConfig
@@ -170,6 +170,7 @@ class OwnWords:
         `can_transfer`) answers with `transfer_done`; with any other the call goes on, and
         the report says why."""
         self.transfer = {"to": to, "why": why, "t": round(self.clock.now(), 3), "result": None}
+        self.bus.emit(Transfer(self.session_id, self.clock.now(), to=to, why=why))
         if not self.can_transfer:
             self.transfer_done(f"unsupported: {self.transport} calls cannot be transferred")
             return
@@ -180,4 +181,6 @@ class OwnWords:
         call goes on, and a later handoff may ask again)."""
         if self.transfer is not None:
             self.transfer["result"] = result
+            self.bus.emit(Transfer(self.session_id, self.clock.now(), to=self.transfer["to"],
+                                   why=self.transfer["why"], result=result))
         self.transfer_requested.clear()

@@ -95,9 +95,11 @@ HANDOFF = "No problem. I'm handing you over to a colleague now."
 ASK = [Seg(0.5, 1.5, "Can I speak to a real person?")]
 
 
-async def _handoff(reply: str, transfer_to: str | None, can_transfer: bool) -> tuple[dict, float | None]:
-    """The scripted call answered with ``reply``; the report, and when the transfer was asked."""
-    session, *_, responder, _ = make_session(ASK, AgentConfig(turn=TurnConfig(transfer_to=transfer_to)))
+async def _handoff(reply: str, transfer_to: str | None, can_transfer: bool,
+                   events: list | None = None) -> tuple[dict, float | None]:
+    """The scripted call answered with ``reply``; the report, and when the transfer was asked
+    (the session's events are added to ``events``)."""
+    session, _, seen, responder, _ = make_session(ASK, AgentConfig(turn=TurnConfig(transfer_to=transfer_to)))
     responder.reply = reply
     session.can_transfer = can_transfer
     asked: list[float] = []
@@ -107,7 +109,10 @@ async def _handoff(reply: str, transfer_to: str | None, can_transfer: bool) -> t
             asked.append(t)
 
     await play_script(session, ASK, 8.0, watch)
-    return await session.close(), (asked[0] if asked else None)
+    report = await session.close()
+    if events is not None:
+        events.extend(seen)
+    return report, (asked[0] if asked else None)
 
 
 async def test_a_handoff_reply_asks_for_the_transfer_once_it_has_been_heard() -> None:
@@ -126,9 +131,13 @@ async def test_no_transfer_without_a_target_a_handoff_or_a_transport_that_can() 
     assert asked is None and report["call"]["transfer"] is None
     report, asked = await _handoff("Sure, I can help with that.", "sip:desk@example.com", can_transfer=True)
     assert asked is None and report["call"]["transfer"] is None
-    report, asked = await _handoff(HANDOFF, "sip:desk@example.com", can_transfer=False)
+    events: list = []
+    report, asked = await _handoff(HANDOFF, "sip:desk@example.com", can_transfer=False, events=events)
     assert asked is None
     assert report["call"]["transfer"]["result"] == "unsupported: replay calls cannot be transferred"
+    told = [(e.to, e.why, e.result) for e in events if e.kind == "transfer"]
+    assert told == [("sip:desk@example.com", "handoff", None),
+                    ("sip:desk@example.com", "handoff", "unsupported: replay calls cannot be transferred")]
 
 
 def test_transfer_target_must_be_a_sip_or_tel_uri(tmp_path) -> None:
