@@ -1,11 +1,12 @@
-"""The agent's own words outside the caller's turns: a greeting as the call starts, prompts to
-a silent caller and the goodbye before hanging up, an operator's `say` (MQTT), and the hangup
-after the caller's goodbye has been answered with one.
+"""The agent's own words outside the caller's turns, and the end of its part of the call: a
+greeting as the call starts, prompts to a silent caller and the goodbye before hanging up, an
+operator's `say` (MQTT), the hangup after the caller's goodbye has been answered with one, and
+the transfer after a reply that hands the caller over.
 
 `OwnWords` is a mixin of `pipelines.session.CallSession`, beside `ReplyPath` (the replies to
 the caller's turns). It plays through the same output and stops when the caller talks over it,
 as a reply does; it never decides a caller's turn. The settings are `turn.greeting`,
-`turn.idle_*` and `turn.end_call_*` (docs/turn-taking.md).
+`turn.idle_*`, `turn.end_call_*` and `turn.transfer_to` (docs/turn-taking.md).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class OwnWords:
         self._idle_mark = 0.0  # call time of the last prompt
         self._idle_prompts = 0  # prompts since the caller last spoke
         self._idle_task: asyncio.Task[None] | None = None
-        self._hangup_at: float | None = None  # the goodbye ends here, then the agent hangs up
+        self._hangup_at: float | None = None  # the agent's part of the call ends here (`_hang_up_at`)
         self.hangup_why: str | None = None  # "idle", "goodbye" (or "transfer", pending) once the agent has decided
 
     def _greet(self) -> None:
@@ -105,10 +106,11 @@ class OwnWords:
         self.bus.emit(Interrupt(self.session_id, t, turn=-1))
 
     def _check_idle(self) -> None:
-        """A caller silent for `turn.idle_prompt_s` since anybody last spoke is asked whether
-        they are still there; after `turn.idle_hangup_after` such prompts the agent says goodbye
-        and, once that has played, hangs up (`hangup_requested`, which every transport
-        honours)."""
+        """Every frame: a hangup or transfer decided earlier (`_hang_up_at`) is carried out once
+        its time has come (`hangup_requested`, which every transport honours, or
+        `request_transfer`). A caller silent for `turn.idle_prompt_s` since anybody last spoke
+        is asked whether they are still there; after `turn.idle_hangup_after` such prompts the
+        agent says goodbye and, once that has played, hangs up."""
         if self.hangup_requested.is_set():
             return
         now = self.clock.now()
@@ -148,8 +150,8 @@ class OwnWords:
         """``turn``'s reply is all queued. If the caller said goodbye and the reply is one too
         (`pipelines.closing`), the agent hangs up `turn.end_call_grace_ms` after it has played;
         if the reply hands the caller over and `turn.transfer_to` names where, the call is
-        transferred once it has played. Either waits for the caller not to speak before then
-        (`_caller_spoke`) nor cut the reply off."""
+        transferred once it has played. Either is called off if the caller speaks before then
+        (`_caller_spoke`); a reply the caller cut off ends nothing."""
         cfg = self.cfg.turn
         if turn.interrupted or turn.agent_audio_end_s is None:
             return
