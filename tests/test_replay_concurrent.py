@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,17 +17,23 @@ from tests.test_replay import RATE, build_call
 from voice.audio import AudioInputError, read_wav, write_wav
 
 
-@pytest.mark.slow
-async def test_two_simultaneous_calls_both_get_replies_and_their_files(agent, tmp_path) -> None:
-    lv = speech.librivox()
+def _calls(tmp_path: Path, callers: tuple[tuple[str, speech.Clip], ...], gap_s: float) -> tuple[list[Path], Path, Path]:
+    """One single-turn call per (name, clip) as NAME.wav, and empty OUT and REPORT folders."""
     paths = []
-    for name, clip in (("alice", lv[1]), ("bob", lv[4])):
-        pcm, _ = build_call([clip], gap_s=2.0)
+    for name, clip in callers:
+        pcm, _ = build_call([clip], gap_s=gap_s)
         write_wav(tmp_path / f"{name}.wav", pcm, RATE)
         paths.append(tmp_path / f"{name}.wav")
     out, rep = tmp_path / "out", tmp_path / "rep"
     out.mkdir()
     rep.mkdir()
+    return paths, out, rep
+
+
+@pytest.mark.slow
+async def test_two_simultaneous_calls_both_get_replies_and_their_files(agent, tmp_path) -> None:
+    lv = speech.librivox()
+    paths, out, rep = _calls(tmp_path, (("alice", lv[1]), ("bob", lv[4])), gap_s=2.0)
     summary = await replay_concurrent(agent, load_inputs(paths), out, rep)
     assert summary["calls"] == 2 and not summary["failed"] and summary["mode"] == "realtime"
     assert [c["call"] for c in summary["per_call"]] == ["alice", "bob"]
@@ -76,14 +83,7 @@ def test_cli_concurrent_fails_on_a_missing_input_before_any_call(tmp_path) -> No
 
 async def test_calls_beyond_capacity_are_refused_and_reported_not_half_served(agent, tmp_path) -> None:
     lv = speech.librivox()
-    paths = []
-    for name, clip in (("a", lv[1]), ("b", lv[4]), ("c", lv[2])):
-        pcm, _ = build_call([clip], gap_s=1.5)
-        write_wav(tmp_path / f"{name}.wav", pcm, RATE)
-        paths.append(tmp_path / f"{name}.wav")
-    out, rep = tmp_path / "out", tmp_path / "rep"
-    out.mkdir()
-    rep.mkdir()
+    paths, out, rep = _calls(tmp_path, (("a", lv[1]), ("b", lv[4]), ("c", lv[2])), gap_s=1.5)
     max_calls = agent.admission.cfg.max_calls
     agent.admission.cfg.max_calls = 2
     try:
