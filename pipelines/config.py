@@ -46,6 +46,10 @@ class VadConfig(Section):
                                        "10 dB of the line's noise floor) is unvoiced; 0 turns the gate off")
 
 
+# where a call can be transferred: a SIP, SIPS or tel URI (`turn.transfer_to`, MQTT `transfer`)
+TRANSFER_URI = r"(sips?|tel):\S+"
+
+
 class TurnConfig(Section):
     min_silence_ms: int = Field(80, ge=0, le=3000, description="silence before a complete-looking turn commits")
     incomplete_silence_ms: int = Field(900, ge=0, le=5000, description="silence after a trailing function word")
@@ -95,7 +99,7 @@ class TurnConfig(Section):
                            "agent hangs up end_call_grace_ms after it (caller speech in between keeps the call)")
     end_call_grace_ms: int = Field(1000, ge=0, le=30000, description="how long after its goodbye the agent hangs up")
     transfer_to: str | None = Field(
-        None, pattern=r"^(sips?|tel):\S+$", description="where a reply that hands the caller over (\"I'm handing "
+        None, pattern=f"^{TRANSFER_URI}$", description="where a reply that hands the caller over (\"I'm handing "
         "you over to a colleague now.\") transfers the call once heard, e.g. sip:desk@10.0.0.5 (SIP REFER; null: "
         "the call goes on)")
 

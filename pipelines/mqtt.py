@@ -35,14 +35,14 @@ from urllib.parse import unquote, urlsplit
 
 import aiomqtt
 
-from pipelines.config import ConfigError, MqttConfig
+from pipelines.config import TRANSFER_URI, ConfigError, MqttConfig
 from pipelines.events import SCHEMA_VERSION, Event, EventBus, Partial
 
 log = logging.getLogger(__name__)
 
 COMMANDS = ("say", "hangup", "transfer", "mute", "unmute", "config/budgets")
 MAX_CONTROL_BYTES = 64 * 1024
-TRANSFER_TARGET = re.compile(r"(sips?|tel):\S+")
+TRANSFER_TARGET = re.compile(TRANSFER_URI)
 _WINDOW = 16  # QoS 1 publishes in flight at once (paho allows 20)
 # After these a pending partial is stale: the turn's final transcript supersedes it.
 _ENDS_UTTERANCE = frozenset({"endpoint", "turn", "session/end"})

@@ -150,7 +150,8 @@ class WhisperEngine:
                 num_workers=self.cfg.workers,
             )
         except (RuntimeError, OSError, ValueError) as exc:  # a corrupt model.bin or a missing vocabulary
-            raise AsrLoadError(f"Whisper model in {path} does not load: {str(exc).splitlines()[0][:200]}") from None
+            why = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+            raise AsrLoadError(f"Whisper model in {path} does not load: {why}") from None
         self.tokenizer = Tokenizer(
             self.model.hf_tokenizer, self.model.model.is_multilingual, task="transcribe", language=self.cfg.language
         )

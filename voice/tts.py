@@ -91,7 +91,8 @@ class PiperTTS:
                 str(model), sess_options=opts, providers=["CPUExecutionProvider"]
             )
         except Exception as exc:  # a corrupt .onnx or .json: onnxruntime's and json's own errors
-            raise TtsLoadError(f"Piper voice {model} does not load: {str(exc).splitlines()[0][:200]}") from None
+            why = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+            raise TtsLoadError(f"Piper voice {model} does not load: {why}") from None
         self.sample_rate: int = int(self.voice.config.sample_rate)
         self._syn = SynthesisConfig(length_scale=self.cfg.length_scale)
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
