@@ -32,6 +32,8 @@ sample of the agent's output track (an energy onset, `tests.ground_truth.audible
 
 The old VAD-based figure (from webrtcvad's last voiced frame before each onset) stays as
 ``vad_p50_ms``, and our session's own estimate of the gap as ``session_gap_p50_ms``.
+``replies_grammatical`` is the share of our replies, as the call's deadlines left them, that
+link-grammar parses whole (the reply-quality judge, `llm.grammar_judge`).
 """
 
 from __future__ import annotations
@@ -147,6 +149,18 @@ def pct(xs: list[float], q: float) -> float | None:
     return round(float(np.percentile(xs, q)), 1) if xs else None
 
 
+def grammatical_share(replies: list[str | None]) -> float | None:
+    """The share of the replies link-grammar parses whole (`llm.grammar_judge`); None without it."""
+    from llm.grammar_judge import JudgeUnavailable, LinkGrammarJudge
+
+    said = [r for r in replies if r]
+    try:
+        judge = LinkGrammarJudge()
+    except JudgeUnavailable:
+        return None
+    return round(sum(judge.grammatical(r) for r in said) / len(said), 3) if said else None
+
+
 def summary(judged: list[dict[str, Any]]) -> dict[str, Any]:
     gaps = [j["gap_ms"] for j in judged if j["gap_ms"] is not None]
     cut = {k: sum(j["cut"][k] for j in judged) for k in ("function", "content", "natural", "join", "speech")}
@@ -219,7 +233,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ours["wer_words"] += len(words(ref))
         for t in report["turns"]:
             ours["turns"].append({
-                "call": call["id"], "transcript": t["transcript"], "session_gap_ms": t["gap_ms"],
+                "call": call["id"], "transcript": t["transcript"], "response": t["response"],
+                "session_gap_ms": t["gap_ms"],
                 "endpoint": {k: t["endpoint"].get(k) for k in ("reason", "silence_ms", "required_ms",
                                                                "lm_turn_end_prob", "smart_turn_prob")},
                 "final_text_ms": t["speculation"].get("final_text_ms"),
@@ -265,6 +280,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                  "premature_endpoints_taken_back": ours["recovered"],
                  "speculation_wasted_s": round(ours["wasted_ms"] / 1000, 1),
                  "final_transcript_wer": round(ours["wer_errors"] / max(1, ours["wer_words"]), 3),
+                 # the replies as the pipeline decided them (deadlines included), by link-grammar
+                 "replies_grammatical": grammatical_share([t["response"] for t in ours["turns"]]),
                  "turns": ours["turns"],
                  # every agent onset inside a caller's turn: where, and how long it went on over them
                  "onsets_inside": ours["onsets_inside"]},

@@ -141,12 +141,18 @@ class BlockDiffusionDecoder:
     @torch.no_grad()
     def generate(
         self, prompt: list[int], opts: BlockOptions, should_stop: Callable[[], bool] | None = None,
-        unprompted: list[int] | None = None,
+        unprompted: list[int] | None = None, on_pass: Callable[[list[int]], bool] | None = None,
     ) -> BlockResult:
         """``unprompted``: the prompt with its words taken out (``<bos> <agent>``), read beside
         it when ``opts.guidance`` is set (classifier-free guidance: what the caller's words make
-        likelier than any reply would be, weighted up)."""
+        likelier than any reply would be, weighted up).
+
+        ``on_pass``: called after each pass with the reply's tokens known so far (they never
+        change after); once it returns True the start of the reply has been handed over (to
+        speech), the deadline no longer applies and the reply is decoded to its end."""
         sp, b = self.special, opts.block
+        deadline = opts.deadline
+        handed = False
         ends = set(sp.end_ids)
         t0 = time.perf_counter()
         stats = DecodeStats()
@@ -186,18 +192,22 @@ class BlockDiffusionDecoder:
                 logits = torch.cat([first, self._logits(hb[:, :-1])], dim=1) if n > 1 else first
                 probs = self._probs(logits, opts.guidance)
                 now = time.perf_counter()
-                late = opts.deadline is not None and now >= opts.deadline
+                late = deadline is not None and now >= deadline
                 fill_all = pass_no == opts.max_passes - 1
                 open_before = block.count(None)
                 self._commit(block, bconf, probs, opts, fill_all, out)
                 stats.steps += 1
                 stats.tokens_per_step.append(open_before - block.count(None))
                 stats.step_times.append(time.perf_counter() - ts)
+                if on_pass is not None and not handed:
+                    known = out + list(itertools.takewhile(lambda t: t is not None and t not in ends, block))
+                    if on_pass(known):
+                        handed, deadline, late = True, None, False  # its start is being spoken: the rest is not late
                 stats.deadline_hit |= late
                 if late:
                     known = out + list(itertools.takewhile(lambda t: t is not None, block))
                     cut = max((i + 1 for i, t in enumerate(known) if t in self.sentence_ends), default=None)
-                    gone = opts.deadline is not None and now >= opts.deadline + opts.overrun_s
+                    gone = deadline is not None and now >= deadline + opts.overrun_s
                     if cut is not None or gone:
                         known = [t for t in known[: cut or len(known)] if t not in ends]
                         conf = (conf + bconf)[: len(known)]

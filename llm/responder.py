@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import math
 import threading
 import time
@@ -30,6 +31,8 @@ from llm.config import LlmConfig
 from llm.decoder import BlockResult, DecodeOptions, DecodeStats, generate_block, generate_blocks
 from llm.loader import EMBEDDED_MDLM, LoadedLM, ModelLoadError, load_lm
 from llm.turn_end import PROBE_FILE, TurnEndProbe
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -107,7 +110,6 @@ def reply_generator(seed: int | None, prompt: list[int]) -> torch.Generator:
 
 class Responder:
     warm_start = True  # `agenerate(prev=...)` re-denoises a previous block (masked LMs)
-    streams = False  # a reply comes whole (see `llm.remote.RemoteResponder`)
     # where generation runs off the event loop: an object with ``async run(fn, *args)`` (the
     # agent gives each engine a bounded pool, `voice.workers`); None: asyncio's default executor
     workers: Any = None
@@ -124,6 +126,12 @@ class Responder:
         self.turn_end: TurnEndProbe | None = TurnEndProbe.load(probe_dir) if probe_dir.is_dir() else None
         if self.turn_end is not None:
             self.turn_end.prepare(self.probe_lm)  # now, not on a call's first hypothesis
+
+    @property
+    def streams(self) -> bool:
+        """`agenerate(ready=...)` returns once the reply's start satisfies ``ready`` and the rest
+        follows in `Reply.tail` (the block LM with ``llm.stream``); a masked LM's block comes whole."""
+        return self.blocks is not None and self.cfg.stream
 
     @property
     def name(self) -> str:
@@ -194,15 +202,18 @@ class Responder:
         history: list[tuple[str, str]] | tuple = (),
         deadline_s: float | None = None,
         cancel: threading.Event | None = None,
+        on_pass: Callable[[list[int]], bool] | None = None,
         **overrides: object,
     ) -> Reply:
-        """Blocking. ``deadline_s`` is a budget in seconds from now (anytime decoding)."""
+        """Blocking. ``deadline_s`` is a budget in seconds from now (anytime decoding).
+        ``on_pass`` (block LM only): see `BlockDiffusionDecoder.generate`."""
         deadline = time.perf_counter() + deadline_s if deadline_s is not None else None
         stop = cancel.is_set if cancel else None
         prompt = self._prompt(user_text, history)
         if self.blocks is not None:
             res = self.blocks.generate(prompt, self.block_options(deadline, prompt, **overrides), should_stop=stop,
-                                       unprompted=[prompt[0], prompt[-1]])  # <bos> <agent>: no words
+                                       unprompted=[prompt[0], prompt[-1]],  # <bos> <agent>: no words
+                                       on_pass=on_pass)
         else:
             res = generate_block(self.lm.logits_fn, prompt, self.lm.special, self.options(deadline, **overrides),
                                  should_stop=stop)
@@ -285,10 +296,12 @@ class Responder:
         prev: Reply | None = None, ready: Callable[[str], bool] | None = None,
     ) -> Reply:
         """Async and cancellable: cancelling the awaiting task stops the worker at the next
-        denoising pass (torch cannot be interrupted mid-pass). ``ready`` is for streamed replies
-        (`llm.remote`); a block comes whole, so it is not needed here."""
+        denoising pass (torch cannot be interrupted mid-pass). With ``ready`` and `streams`, see
+        `_streamed`; otherwise the reply comes whole."""
         cancel = threading.Event()
         run = self.workers.run if self.workers is not None else asyncio.to_thread
+        if ready is not None and self.streams:
+            return await self._streamed(run, user_text, history, deadline_s, cancel, ready)
         if prev is not None and self.blocks is None:
             fut = run(self.redenoise, prev, user_text, history, deadline_s=deadline_s, cancel=cancel)
         else:
@@ -297,3 +310,60 @@ class Responder:
             return await fut
         finally:
             cancel.set()
+
+    async def _streamed(
+        self, run: Callable[..., Any], user_text: str, history: list[tuple[str, str]] | tuple,
+        deadline_s: float | None, cancel: threading.Event, ready: Callable[[str], bool],
+    ) -> Reply:
+        """The reply returned as soon as its text so far satisfies ``ready`` (called in the worker
+        thread after each pass, so it must be a pure function of the text), as a streamed remote
+        reply is: ``deadline_s`` bounds the time to that point, and `Reply.tail` decodes the rest
+        in the same worker and gives the whole text (`Reply.cancel` stops it). A reply that ends
+        first comes whole, with no tail."""
+        loop = asyncio.get_running_loop()
+        start: asyncio.Future[list[int]] = loop.create_future()
+
+        def hand_over(ids: list[int]) -> None:
+            if not start.done():
+                start.set_result(ids)
+
+        def on_pass(ids: list[int]) -> bool:
+            if not ids or not ready(self.lm.decode(ids)):
+                return False
+            loop.call_soon_threadsafe(hand_over, list(ids))
+            return True
+
+        whole = asyncio.ensure_future(run(self.generate, user_text, history, deadline_s, cancel, on_pass))
+        try:
+            await asyncio.wait({whole, start}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            cancel.set()
+            whole.cancel()
+            raise
+        if whole.done():
+            return whole.result()  # it ended (or failed) before its start was handed over
+        ids = start.result()
+        reply = Reply(self.lm.decode(ids), ids, ids, [], DecodeStats(), user_text)
+        reply.tail = asyncio.ensure_future(self._rest(whole, reply))
+
+        def stop(tail: asyncio.Future[str]) -> None:  # also when cancelled before it first ran
+            if tail.cancelled():
+                cancel.set()  # the worker stops at its next pass
+                whole.cancel()
+
+        reply.tail.add_done_callback(stop)
+        return reply
+
+    @staticmethod
+    async def _rest(whole: asyncio.Future[Reply], reply: Reply) -> str:
+        """The tail of a reply returned at its first clause: the whole text once decoded, with
+        the reply's tokens and statistics (its ``text`` stays what was returned). A failure
+        after that point keeps what was returned, in ``reply.error``."""
+        try:
+            done = await whole
+        except Exception as exc:
+            reply.error = exc
+            log.warning("llm: reply cut short after %r: %s", reply.text, exc)
+            return reply.text
+        reply.ids, reply.block, reply.confidence, reply.stats = done.ids, done.block, done.confidence, done.stats
+        return done.text

@@ -294,6 +294,8 @@ class ReplyPath:
             rest = _after_first(self.engines.tts.split(full), parts)
             utt.response = utt.heard_response = full
             utt.stages["llm_steps"] = reply.stats.steps
+            if reply.stats.step_times:
+                utt.llm_step_times_s = [round(x, 4) for x in reply.stats.step_times]
             if reply.error is not None:
                 self._llm_failed(reply.error, utt, speculative=False)
         if reply is not None and reply.tokens_per_s is not None:

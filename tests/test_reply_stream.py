@@ -1,0 +1,121 @@
+"""A streamed reply from the embedded block diffusion LM: its first clause comes back while
+the rest is still being decoded, the whole text is the one the unhurried decoder writes, the
+deadline bounds only the first clause, and cancelling the rest stops the worker. The real
+weights throughout."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from llm.config import LlmConfig
+from llm.decoder import DecodeCancelled
+from llm.responder import Responder
+from voice.tts import split_for_speech
+
+LONG = "Ask not what your country can do for you. Ask what you can do for your country."
+
+
+def first_clause_ready(text: str) -> bool:
+    """The session's rule: a first clause that more text cannot change."""
+    return len(split_for_speech(text)) >= 2
+
+
+class RecordingPool:
+    """A fake worker pool (isolates the responder from `voice.workers`): runs each job in a
+    thread, as the real pool does, and records how the job itself ended."""
+
+    def __init__(self) -> None:
+        self.ended: list[str] = []
+        self.finished = threading.Event()
+
+    async def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        def job() -> Any:
+            try:
+                out = fn(*args, **kwargs)
+            except DecodeCancelled:
+                self.ended.append("cancelled")
+                raise
+            finally:
+                self.finished.set()
+            self.ended.append("done")
+            return out
+
+        return await asyncio.to_thread(job)
+
+
+@pytest.fixture(scope="module")
+def responder() -> Responder:
+    return Responder.load(LlmConfig(), turn_end=False)
+
+
+def test_the_block_lm_streams_unless_told_not_to(responder: Responder) -> None:
+    assert responder.streams
+    whole = Responder(responder.lm, LlmConfig(stream=False))
+    assert not whole.streams
+
+
+def test_the_first_clause_comes_back_first_and_the_tail_completes_it(responder: Responder) -> None:
+    unhurried = responder.generate(LONG)
+    assert len(split_for_speech(unhurried.text)) >= 2, unhurried.text  # else nothing to stream
+
+    async def go() -> tuple[str, str, int]:
+        reply = await responder.agenerate(LONG, ready=first_clause_ready)
+        assert reply.tail is not None
+        early, n_early = reply.text, len(reply.ids)
+        full = await reply.complete()
+        return early, full, n_early
+
+    early, full, n_early = asyncio.run(go())
+    assert full == unhurried.text
+    assert full.startswith(early) and len(early) < len(full)
+    assert first_clause_ready(early)
+    assert 0 < n_early < len(unhurried.ids)
+
+
+def test_a_reply_that_ends_before_its_first_clause_is_ready_comes_whole(responder: Responder) -> None:
+    async def go() -> tuple[bool, str]:
+        reply = await responder.agenerate(LONG, ready=lambda text: False)
+        return reply.tail is None, reply.text
+
+    no_tail, text = asyncio.run(go())
+    assert no_tail
+    assert text == responder.generate(LONG).text
+
+
+def test_the_deadline_bounds_the_first_clause_not_the_rest(responder: Responder) -> None:
+    """Handed over at once (``ready`` is true from the first token), the reply runs on past a
+    1 ms deadline that would have cut the whole reply short."""
+    cut = responder.generate(LONG, deadline_s=0.001)
+    unhurried = responder.generate(LONG)
+    assert len(cut.ids) < len(unhurried.ids)
+
+    async def go() -> str:
+        reply = await responder.agenerate(LONG, deadline_s=0.001, ready=lambda text: True)
+        return await reply.complete()
+
+    assert asyncio.run(go()) == unhurried.text
+
+
+def test_cancelling_the_rest_stops_the_worker(responder: Responder) -> None:
+    pool = RecordingPool()
+    r = Responder(responder.lm, responder.cfg)
+    r.workers = pool
+
+    async def go() -> str:
+        reply = await r.agenerate(LONG, ready=lambda text: True)  # handed over after one pass
+        reply.cancel()  # before the tail first ran: a barge-in, a superseded speculation
+        text = await reply.complete()
+        t0 = time.monotonic()
+        while not pool.finished.is_set() and time.monotonic() - t0 < 10:
+            await asyncio.sleep(0.01)
+        return text
+
+    text = asyncio.run(go())
+    assert pool.ended == ["cancelled"]
+    assert responder.generate(LONG).text.startswith(text)
