@@ -33,7 +33,9 @@ sample of the agent's output track (an energy onset, `tests.ground_truth.audible
 The old VAD-based figure (from webrtcvad's last voiced frame before each onset) stays as
 ``vad_p50_ms``, and our session's own estimate of the gap as ``session_gap_p50_ms``.
 ``replies_grammatical`` is the share of our replies, as the call's deadlines left them, that
-link-grammar parses whole (the reply-quality judge, `llm.grammar_judge`).
+link-grammar parses whole (the reply-quality judge, `llm.grammar_judge`), and
+``replies_cut_short`` how many of them a deadline cut short of the reply the LM writes with
+none (and how many of those stop inside a sentence).
 """
 
 from __future__ import annotations
@@ -161,6 +163,22 @@ def grammatical_share(replies: list[str | None]) -> float | None:
     return round(sum(judge.grammatical(r) for r in said) / len(said), 3) if said else None
 
 
+def cut_short(responder: Any, turns: list[dict[str, Any]]) -> dict[str, int] | None:
+    """How many replies the call's deadlines cut short: the reply said is the start of the one
+    the embedded LM writes with no deadline (the same seed), and of those, how many stop inside
+    a sentence. Run after the calls, so that it takes no time from them."""
+    if not hasattr(responder, "generate"):
+        return None  # a remote LM: nothing to compare with
+    said = [t for t in turns if t["response"]]
+    shortened = mid = 0
+    for t in said:
+        whole = responder.generate(t["transcript"]).text
+        if t["response"] != whole and whole.startswith(t["response"]):
+            shortened += 1
+            mid += not t["response"].rstrip().endswith((".", "!", "?"))
+    return {"replies": len(said), "shortened": shortened, "mid_sentence": mid}
+
+
 def summary(judged: list[dict[str, Any]]) -> dict[str, Any]:
     gaps = [j["gap_ms"] for j in judged if j["gap_ms"] is not None]
     cut = {k: sum(j["cut"][k] for j in judged) for k in ("function", "content", "natural", "join", "speech")}
@@ -282,6 +300,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                  "final_transcript_wer": round(ours["wer_errors"] / max(1, ours["wer_words"]), 3),
                  # the replies as the pipeline decided them (deadlines included), by link-grammar
                  "replies_grammatical": grammatical_share([t["response"] for t in ours["turns"]]),
+                 "replies_cut_short": cut_short(agent.engines.responder, ours["turns"]),
                  "turns": ours["turns"],
                  # every agent onset inside a caller's turn: where, and how long it went on over them
                  "onsets_inside": ours["onsets_inside"]},

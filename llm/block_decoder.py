@@ -31,6 +31,10 @@ For each block of ``block`` positions, all masks at first:
   more it ends where it is. A late reply is shorter, not broken (filling every open
   position at once, as a masked LM's anytime decoder does, measured 47 % grammatical at a
   40 ms deadline against 97 % without one);
+- streamed (``on_pass``): the reply's start is handed over (to speech) as soon as the caller
+  of `generate` says it is enough, and from then on the deadline no longer applies; before
+  that, a late reply still ends at a sentence end, and past ``overrun_s`` it goes on to the
+  handover rather than ending inside its first clause;
 - ``max_passes`` caps the passes a block gets (the last one fills what is left);
 - ``temperature`` > 0: the leftmost open position, the one a pass commits even when unsure,
   is drawn from its allowed candidates (probabilities to the power 1/T, the nucleus of mass
@@ -149,7 +153,8 @@ class BlockDiffusionDecoder:
 
         ``on_pass``: called after each pass with the reply's tokens known so far (they never
         change after); once it returns True the start of the reply has been handed over (to
-        speech), the deadline no longer applies and the reply is decoded to its end."""
+        speech), the deadline no longer applies and the reply is decoded to its end. Until
+        then a late reply still ends at a sentence end, but never where it is."""
         sp, b = self.special, opts.block
         deadline = opts.deadline
         handed = False
@@ -207,7 +212,9 @@ class BlockDiffusionDecoder:
                 if late:
                     known = out + list(itertools.takewhile(lambda t: t is not None, block))
                     cut = max((i + 1 for i, t in enumerate(known) if t in self.sentence_ends), default=None)
-                    gone = deadline is not None and now >= deadline + opts.overrun_s
+                    # a streamed reply is never cut inside its first clause: it goes on to the
+                    # handover (a few words) or a sentence end, whichever comes first
+                    gone = on_pass is None and deadline is not None and now >= deadline + opts.overrun_s
                     if cut is not None or gone:
                         known = [t for t in known[: cut or len(known)] if t not in ends]
                         conf = (conf + bconf)[: len(known)]

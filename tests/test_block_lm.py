@@ -6,6 +6,7 @@ block diffusion LM shares)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -178,6 +179,23 @@ def test_past_deadline_the_reply_ends_at_a_sentence_end(parts) -> None:  # noqa:
     # with no time to finish a sentence, the reply stops where it is
     rushed = dec.generate(prompt, BlockOptions(block=8, tau=1.0, deadline=time.perf_counter(), overrun_s=0.0))
     assert len(rushed.ids) <= len(late.ids) and len(rushed.stats.tokens_per_step) == 1
+    # streamed: once its start is handed over the deadline is gone, and the reply is whole
+    seen: list[list[int]] = []
+
+    def hand_over_at(n: int) -> Callable[[list[int]], bool]:
+        def on_pass(known: list[int]) -> bool:
+            seen.append(list(known))
+            return len(known) >= n
+        return on_pass
+
+    opts = BlockOptions(block=8, tau=1.0, max_tokens=32, deadline=time.perf_counter(), overrun_s=0.0)
+    streamed = dec.generate(prompt, opts, on_pass=hand_over_at(1))
+    assert streamed.ids == full.ids and len(seen) == 1 and seen[0] == full.ids[:1]
+    assert not streamed.stats.deadline_hit  # the pass that handed it over was not late any more
+    # before the handover, a late reply still ends at a sentence end, never where it is
+    never = dec.generate(prompt, opts, on_pass=lambda known: False)
+    assert never.ids == full.ids[: len(never.ids)] and sp.mask not in never.ids
+    assert never.ids[-1] in ends or never.ids == full.ids
 
 
 def test_should_stop_cancels_between_passes(parts) -> None:  # noqa: ANN001
