@@ -32,9 +32,9 @@ For each block of ``block`` positions, all masks at first:
   position at once, as a masked LM's anytime decoder does, measured 47 % grammatical at a
   40 ms deadline against 97 % without one);
 - streamed (``on_pass``): the reply's start is handed over (to speech) as soon as the caller
-  of `generate` says it is enough, and from then on the deadline no longer applies; before
-  that, a late reply still ends at a sentence end, and past ``overrun_s`` it goes on to the
-  handover rather than ending inside its first clause;
+  of `generate` says it is enough; a late reply still ends at a sentence end (after what was
+  handed over), but never where it is: past ``overrun_s`` it goes on to the handover and to
+  the end of the sentence it is in;
 - ``max_passes`` caps the passes a block gets (the last one fills what is left);
 - ``temperature`` > 0: the leftmost open position, the one a pass commits even when unsure,
   is drawn from its allowed candidates (probabilities to the power 1/T, the nucleus of mass
@@ -152,12 +152,12 @@ class BlockDiffusionDecoder:
         likelier than any reply would be, weighted up).
 
         ``on_pass``: called after each pass with the reply's tokens known so far (they never
-        change after); once it returns True the start of the reply has been handed over (to
-        speech), the deadline no longer applies and the reply is decoded to its end. Until
-        then a late reply still ends at a sentence end, but never where it is."""
+        change after) until it returns True: the start of the reply has been handed over (to
+        speech). With it, a late reply ends at the first sentence end it holds or writes
+        after what was handed over, and never where it is (no ``overrun_s``): the whole text
+        goes on from what is being said, and a sentence is never cut."""
         sp, b = self.special, opts.block
-        deadline = opts.deadline
-        handed = False
+        handed: int | None = None  # tokens handed over (streamed)
         ends = set(sp.end_ids)
         t0 = time.perf_counter()
         stats = DecodeStats()
@@ -197,24 +197,25 @@ class BlockDiffusionDecoder:
                 logits = torch.cat([first, self._logits(hb[:, :-1])], dim=1) if n > 1 else first
                 probs = self._probs(logits, opts.guidance)
                 now = time.perf_counter()
-                late = deadline is not None and now >= deadline
+                late = opts.deadline is not None and now >= opts.deadline
                 fill_all = pass_no == opts.max_passes - 1
                 open_before = block.count(None)
                 self._commit(block, bconf, probs, opts, fill_all, out)
                 stats.steps += 1
                 stats.tokens_per_step.append(open_before - block.count(None))
                 stats.step_times.append(time.perf_counter() - ts)
-                if on_pass is not None and not handed:
+                if on_pass is not None and handed is None:
                     known = out + list(itertools.takewhile(lambda t: t is not None and t not in ends, block))
                     if on_pass(known):
-                        handed, deadline, late = True, None, False  # its start is being spoken: the rest is not late
+                        handed = len(known)
                 stats.deadline_hit |= late
                 if late:
                     known = out + list(itertools.takewhile(lambda t: t is not None, block))
-                    cut = max((i + 1 for i, t in enumerate(known) if t in self.sentence_ends), default=None)
-                    # a streamed reply is never cut inside its first clause: it goes on to the
-                    # handover (a few words) or a sentence end, whichever comes first
-                    gone = on_pass is None and deadline is not None and now >= deadline + opts.overrun_s
+                    said = handed or 0  # a cut never takes back what is being said
+                    cut = max((i + 1 for i, t in enumerate(known) if t in self.sentence_ends and i + 1 >= said),
+                              default=None)
+                    # a streamed reply is never cut inside a sentence: it goes on to a sentence end
+                    gone = on_pass is None and opts.deadline is not None and now >= opts.deadline + opts.overrun_s
                     if cut is not None or gone:
                         known = [t for t in known[: cut or len(known)] if t not in ends]
                         conf = (conf + bconf)[: len(known)]

@@ -1,7 +1,7 @@
 """A streamed reply from the embedded block diffusion LM: its first clause comes back while
-the rest is still being decoded, the whole text is the one the unhurried decoder writes, the
-deadline bounds only the first clause, and cancelling the rest stops the worker. The real
-weights throughout."""
+the rest is still being decoded, the whole text is the one the unhurried decoder writes (up
+to a sentence end, when the deadline has passed), never cut inside a sentence, and cancelling
+the rest stops the worker. The real weights throughout."""
 
 from __future__ import annotations
 
@@ -88,11 +88,12 @@ def test_a_reply_that_ends_before_its_first_clause_is_ready_comes_whole(responde
     assert text == responder.generate(LONG).text
 
 
-def test_the_deadline_bounds_the_first_clause_not_the_rest(responder: Responder) -> None:
-    """Handed over at once (``ready`` is true from the first token), the reply runs on past a
-    1 ms deadline that would have cut the whole reply short."""
+def test_a_late_streamed_reply_ends_at_a_sentence_end_never_inside_one(responder: Responder) -> None:
+    """Past a 1 ms deadline the whole reply (not streamed) stops where it is 60 ms later, inside
+    its one sentence; streamed, handed over at once, it goes on to the sentence's end."""
     cut = responder.generate(LONG, deadline_s=0.001)
     unhurried = responder.generate(LONG)
+    assert unhurried.text.endswith((".", "!", "?")) and unhurried.text.count(".") == 1, unhurried.text
     assert len(cut.ids) < len(unhurried.ids)
 
     async def go() -> str:
