@@ -86,8 +86,9 @@ class LlmConfig(_Section):
         0, ge=0, description="bdlm: each reply's draws are seeded by this and its prompt (the same words get "
         "the same reply); null: fresh randomness every reply")
     stream: bool = Field(
-        True, description="bdlm: a reply's first clause goes to speech as soon as it is written and the deadline "
-        "bounds only that, the rest following while it plays; false: the deadline bounds the whole reply")
+        True, description="bdlm: a reply's first clause goes to speech as soon as it is written, the rest following "
+        "while it plays, and past the deadline the reply ends at a sentence end, never inside one; false: the "
+        "whole reply at once, and 60 ms past the deadline it ends where it is")
     threads: int = Field(1, ge=1, le=16)
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="weights and activations; auto: bfloat16 where the CPU multiplies it natively (AMX or "

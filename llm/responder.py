@@ -130,7 +130,8 @@ class Responder:
     @property
     def streams(self) -> bool:
         """`agenerate(ready=...)` returns once the reply's start satisfies ``ready`` and the rest
-        follows in `Reply.tail` (the block LM with ``llm.stream``); a masked LM's block comes whole."""
+        follows in `Reply.tail`, never cut inside a sentence (the block LM with ``llm.stream``);
+        a masked LM's block comes whole."""
         return self.blocks is not None and self.cfg.stream
 
     @property
@@ -317,9 +318,10 @@ class Responder:
     ) -> Reply:
         """The reply returned as soon as its text so far satisfies ``ready`` (called in the worker
         thread after each pass, so it must be a pure function of the text), as a streamed remote
-        reply is: ``deadline_s`` bounds the time to that point, and `Reply.tail` decodes the rest
-        in the same worker and gives the whole text (`Reply.cancel` stops it). A reply that ends
-        first comes whole, with no tail."""
+        reply is, and `Reply.tail` decodes the rest in the same worker and gives the whole text
+        (`Reply.cancel` stops it). Past ``deadline_s`` the reply ends at the first sentence end
+        after what was handed over, never inside a sentence (`BlockDiffusionDecoder.generate`).
+        A reply that ends first comes whole, with no tail."""
         loop = asyncio.get_running_loop()
         start: asyncio.Future[list[int]] = loop.create_future()
 

@@ -5,7 +5,8 @@
 
 Each line is answered as a caller's first turn, with the configured model and decoding
 (the defaults unless ``--config`` names a file), and no deadline unless ``--deadline-ms``
-sets one. The JSON is ``{"replies": [{"prompt", "reply", "ms", "steps"}]}``: ``ms`` is the
+sets one, which then works as in a call (a streamed reply, ``llm.stream``, ends at a sentence
+end after its first clause). The JSON is ``{"replies": [{"prompt", "reply", "ms", "steps"}]}``: ``ms`` is the
 decoding time of that reply, ``steps`` its forward passes.
 """
 
@@ -80,9 +81,17 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     responder.generate("hello")  # warm-up, so the first reply's time is not the load's
     deadline_s = args.deadline_ms / 1000.0 if args.deadline_ms is not None else None
+    from voice.tts import split_for_speech
+
+    def first_clause(ids: list[int]) -> bool:
+        """A call hands a streamed reply to speech here (the session's rule), and from then on
+        the deadline only ends it at a sentence end."""
+        return len(split_for_speech(responder.lm.decode(ids), cfg.tts.max_first_words, cfg.tts.split_clauses)) > 1
+
+    streamed = first_clause if responder.streams else None
     rows = []
     for text in prompts:
-        r = responder.generate(text, deadline_s=deadline_s)
+        r = responder.generate(text, deadline_s=deadline_s, on_pass=streamed)
         rows.append({"prompt": text, "reply": r.text, "ms": round(r.stats.total_s * 1000.0, 2), "steps": r.stats.steps})
     if args.text is not None:
         print(rows[0]["reply"])

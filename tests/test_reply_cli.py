@@ -39,6 +39,16 @@ def test_text_prints_one_reply() -> None:
     assert len(lines) == 1 and len(lines[0].split()) >= 1
 
 
+def test_a_deadline_ends_a_reply_at_a_sentence_end_as_in_a_call() -> None:
+    """The reply to this line is one long sentence: 1 ms is far too short for it, and the reply
+    streamed (the default) is still the whole sentence, not cut where the time ran out."""
+    line = "Ask not what your country can do for you. Ask what you can do for your country."
+    whole = _run("--text", line)
+    late = _run("--text", line, "--deadline-ms", "1")
+    assert whole.returncode == late.returncode == 0, late.stderr
+    assert late.stdout.strip() == whole.stdout.strip() and whole.stdout.strip().endswith((".", "!", "?"))
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
