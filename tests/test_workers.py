@@ -106,3 +106,23 @@ async def test_shutdown_cancels_the_queued_jobs_and_refuses_new_ones() -> None:
         assert "shut down" in str(e)
     else:
         raise AssertionError("a shut-down pool took a job")
+
+
+async def test_an_idle_thread_holds_nothing_of_its_last_job() -> None:
+    """A job's arguments (a call's callbacks, and through them the call) are freed once it has
+    run, not when the thread's next job comes."""
+    import gc
+    import weakref
+
+    class Call:  # stands for a session a job's callback refers to
+        pass
+
+    pool = EngineWorkers("llm", 1)
+    call = Call()
+    gone = weakref.ref(call)
+    result = await pool.run(lambda c: 42, call)
+    del call
+    await asyncio.sleep(0.05)
+    gc.collect()
+    assert result == 42 and gone() is None
+    pool.shutdown()

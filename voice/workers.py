@@ -129,6 +129,8 @@ class EngineWorkers:
                 job.loop.call_soon_threadsafe(_settle, job.fut, result, exc)
             except RuntimeError:
                 pass  # the awaiter's loop is closed: nobody is left to tell
+            # an idle thread holds nothing of its last job (its arguments may hold a whole call)
+            del job, result, exc
 
     async def _run_shared(self, call: Callable[[], T]) -> T:
         with self._lock:
