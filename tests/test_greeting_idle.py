@@ -93,9 +93,15 @@ async def test_a_silent_caller_is_asked_then_the_agent_says_goodbye_and_hangs_up
 @pytest.mark.slow
 async def test_a_caller_who_answers_the_prompt_is_not_hung_up_on(engines) -> None:
     report = await _caller_speaks_after(engines, TurnConfig(idle_prompt_s=2.0, idle_hangup_after=1), 0, 1.8)
-    assert [s["why"] for s in report["said"]][:1] == ["idle"]
-    assert "goodbye" not in [s["why"] for s in report["said"]]
+    whys = [s["why"] for s in report["said"]]
+    assert whys[:1] == ["idle"]
     assert len(report["turns"]) == 2 and report["turns"][1]["agent_audio_start_s"] is not None
+    # no goodbye for the prompt they answered; one may come only after another prompt, asked
+    # once the answer's reply was over, went unanswered in the rest of the recording
+    answered = report["turns"][1]["agent_audio_start_s"]
+    if "goodbye" in whys:
+        asked_again = report["said"][whys.index("goodbye") - 1]
+        assert asked_again["why"] == "idle" and asked_again["audio_start_s"] > answered, report["said"]
 
 
 @pytest.mark.slow
