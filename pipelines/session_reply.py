@@ -119,7 +119,8 @@ class ReplyPath:
             return None
 
     def _first_clause_ready(self, text: str) -> bool:
-        """Has ``text`` a first clause that more text cannot change? (Then TTS can start.)"""
+        """Has ``text`` a first clause that more text cannot change? (Then TTS can start.) The
+        embedded LM asks this in its worker thread after each pass: it reads only ``text``."""
         return len(self.engines.tts.split(text)) >= 2
 
     def _llm_failed(self, err: Exception, utt: TurnRecord | None, speculative: bool) -> None:
