@@ -26,10 +26,12 @@ class PromptFileError(ValueError):
 
 
 def read_prompts(path: Path) -> list[str]:
+    """The file's non-blank lines, stripped; a UTF-8 byte-order mark (as Windows editors save
+    one) and CRLF line ends are not part of the first prompt."""
     if not path.is_file():
         raise PromptFileError(f"prompt file not found: {path}")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise PromptFileError(f"cannot read {path} as UTF-8 text: {exc}") from exc
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]

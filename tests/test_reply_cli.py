@@ -71,3 +71,11 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, make, message: str) -> None:
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+def test_a_windows_saved_prompt_file_reads_as_its_lines(tmp_path: Path) -> None:
+    from pipelines.reply_cli import read_prompts
+
+    src = tmp_path / "prompts.txt"
+    src.write_bytes("\ufeffHello, is this the help line?\r\n\r\n  Thanks, bye.\t\r\n".encode())
+    assert read_prompts(src) == ["Hello, is this the help line?", "Thanks, bye."]
