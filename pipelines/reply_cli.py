@@ -83,12 +83,12 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     responder.generate("hello")  # warm-up, so the first reply's time is not the load's
     deadline_s = args.deadline_ms / 1000.0 if args.deadline_ms is not None else None
-    from voice.tts import split_for_speech
+    from voice.tts import first_part_ready
 
     def first_clause(ids: list[int]) -> bool:
         """A call hands a streamed reply to speech here (the session's rule), and from then on
         the deadline only ends it at a sentence end."""
-        return len(split_for_speech(responder.lm.decode(ids), cfg.tts.max_first_words, cfg.tts.split_clauses)) > 1
+        return first_part_ready(responder.lm.decode(ids), cfg.tts.max_first_words, cfg.tts.split_clauses)
 
     streamed = first_clause if responder.streams else None
     rows = []

@@ -24,7 +24,7 @@ from pipelines.livekit_plugins import (
     livekit_plugins_for,
     run_livekit_session,
 )
-from pipelines.livekit_plugins.llm_diffusion import conversation
+from pipelines.livekit_plugins.llm_diffusion import FIRST_SENTENCE, conversation
 from pipelines.livekit_plugins.session_replay import gaps
 from pipelines.livekit_plugins.tts_piper import complete_sentences
 from tests.speech import librivox
@@ -165,16 +165,19 @@ async def test_stt_flush_finalizes_at_once_and_recognize_works(agent: Any) -> No
 
 
 @needs_agent
-async def test_llm_plugin_yields_the_diffusion_block(agent: Any) -> None:
+async def test_llm_plugin_streams_the_first_sentence_then_the_rest(agent: Any) -> None:
     plugin = DiffusionLLM(agent.responder)
     assert plugin.model == "voice-agent-bdlm"  # the embedded block diffusion LM
     ctx = llm.ChatContext.empty()
     ctx.add_message(role="user", content="hello, how are you today?")
     chunks = [c async for c in plugin.chat(chat_ctx=ctx)]
-    text = "".join(c.delta.content or "" for c in chunks if c.delta)
+    texts = [c.delta.content for c in chunks if c.delta and c.delta.content]
     expected = (await asyncio.to_thread(agent.responder.generate, "hello, how are you today?")).text.strip()
-    assert text == expected  # the whole block, as the responder decodes it
-    assert len([c for c in chunks if c.delta and c.delta.content]) <= 1
+    assert "".join(texts) == expected  # the whole reply, as the responder decodes it unhurried
+    assert FIRST_SENTENCE(expected), expected  # two sentences: else nothing to stream
+    # the first sentence goes to TTS while the rest is decoded, in one completion
+    assert len(texts) == 2 and FIRST_SENTENCE(texts[0]), texts
+    assert len({c.id for c in chunks}) == 1
 
 
 @needs_agent

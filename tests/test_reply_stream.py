@@ -9,15 +9,18 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
 
 from llm.config import LlmConfig
 from llm.decoder import DecodeCancelled
+from llm.reply_chunks import reply_chunks
 from llm.responder import Responder
-from voice.tts import split_for_speech
+from voice.tts import first_part_ready, split_for_speech
 
+FIRST_SENTENCE = partial(first_part_ready, split_clauses=False)  # the plugins' first chunk
 LONG = "Ask not what your country can do for you. Ask what you can do for your country."
 
 
@@ -120,3 +123,40 @@ def test_cancelling_the_rest_stops_the_worker(responder: Responder) -> None:
     text = asyncio.run(go())
     assert pool.ended == ["cancelled"]
     assert responder.generate(LONG).text.startswith(text)
+
+
+def test_the_reply_as_chunks_is_its_first_sentence_then_the_rest(responder: Responder) -> None:
+    """What the LiveKit and Pipecat plugins send: the text up to the first sentence and the
+    start of the next, then the rest; together the unhurried reply."""
+    prompt = "hello, how are you today?"
+    unhurried = responder.generate(prompt).text
+    assert FIRST_SENTENCE(unhurried), unhurried  # two sentences: else nothing to stream
+
+    chunks = asyncio.run(_chunks(responder, prompt))
+    assert "".join(chunks) == unhurried
+    assert len(chunks) == 2 and FIRST_SENTENCE(chunks[0]), chunks
+    unstreamed = Responder(responder.lm, LlmConfig(stream=False))
+    assert asyncio.run(_chunks(unstreamed, prompt)) == [unhurried]  # one chunk when it does not stream
+
+
+async def _chunks(responder: Responder, prompt: str) -> list[str]:
+    return [c async for c in reply_chunks(responder, prompt, ready=FIRST_SENTENCE)]
+
+
+def test_closing_the_chunks_after_the_first_stops_the_worker(responder: Responder) -> None:
+    pool = RecordingPool()
+    r = Responder(responder.lm, responder.cfg)
+    r.workers = pool
+
+    async def go() -> str:
+        chunks = reply_chunks(r, LONG, ready=lambda text: True)  # the first after one pass
+        first = await anext(chunks)
+        await chunks.aclose()  # an interruption: the plugin's stream is closed
+        t0 = time.monotonic()
+        while not pool.finished.is_set() and time.monotonic() - t0 < 10:
+            await asyncio.sleep(0.01)
+        return first
+
+    first = asyncio.run(go())
+    assert pool.ended == ["cancelled"]
+    assert responder.generate(LONG).text.startswith(first)

@@ -43,6 +43,12 @@ def split_for_speech(text: str, max_first_words: int = 6, split_clauses: bool = 
     return parts
 
 
+def first_part_ready(text: str, max_first_words: int = 6, split_clauses: bool = True) -> bool:
+    """Has ``text`` a first part (`split_for_speech`) that more text cannot change? Then its
+    speech can start while the rest is still being written."""
+    return len(split_for_speech(text, max_first_words, split_clauses)) >= 2
+
+
 def unheard_sentences(text: str, heard_words: int) -> str:
     """What of ``text`` to say again after the caller heard its first ``heard_words`` words:
     from the start of the sentence they were cut off in, so it is said whole ("" when every

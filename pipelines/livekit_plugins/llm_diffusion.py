@@ -1,20 +1,31 @@
 """Our diffusion LM responder as a livekit-agents LLM plugin.
 
-A diffusion LM does not stream tokens: it denoises a whole block at once. The plugin
-therefore yields each decoded reply as one chat chunk (then a usage chunk). The
-last user message is the prompt; earlier user/assistant pairs are the history (the
-responder keeps as many as ``llm.history_turns`` says). System instructions are ignored: the
-model was trained with its own persona and has no instruction following.
+A diffusion LM does not write token by token, but the block LM streams its reply as a
+remote LM does (`llm.reply_chunks`): the plugin sends the text up to its first sentence
+and the start of the next as one chat chunk, as soon as that is decoded, so the TTS speaks
+the first sentence while the rest is decoded, and the rest as a second chunk. A model that
+does not stream (``llm.stream: false``, a masked LM) gives one chunk. Past the deadline the
+reply ends at a sentence end, never inside one; an interruption (the stream closed) stops
+the decoding. The last user message is the prompt; earlier user/assistant pairs are the
+history (the responder keeps as many as ``llm.history_turns`` says). System instructions
+are ignored: the model was trained with its own persona and has no instruction following.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from livekit.agents import llm, utils
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConnectOptions, NotGivenOr
 
+from llm.reply_chunks import reply_chunks
 from llm.responder import Responder
+from voice.tts import first_part_ready
+
+# a whole first sentence and the start of the next: what a sentence-chunking TTS can speak
+FIRST_SENTENCE: Callable[[str], bool] = partial(first_part_ready, split_clauses=False)
 
 
 def conversation(chat_ctx: llm.ChatContext) -> tuple[str, list[tuple[str, str]]]:
@@ -36,11 +47,14 @@ def conversation(chat_ctx: llm.ChatContext) -> tuple[str, list[tuple[str, str]]]
 
 
 class DiffusionLLM(llm.LLM):
-    def __init__(self, responder: Responder, *, deadline_s: float | None = None) -> None:
-        """``deadline_s``: per-reply compute budget for anytime decoding (None: all steps)."""
+    def __init__(self, responder: Responder, *, deadline_s: float | None = None,
+                 first_chunk: Callable[[str], bool] = FIRST_SENTENCE) -> None:
+        """``deadline_s``: per-reply compute budget for anytime decoding (None: all steps).
+        ``first_chunk``: when the text decoded so far goes out as the first chunk."""
         super().__init__()
         self.responder = responder
         self.deadline_s = deadline_s
+        self.first_chunk = first_chunk
 
     @property
     def model(self) -> str:
@@ -70,11 +84,10 @@ class DiffusionLLMStream(llm.LLMStream):
         user, history = conversation(self._chat_ctx)
         if not user:
             return
-        responder = self._llm.responder
+        chunk_id = utils.shortuuid("diffusion_")
         # cancelling this task (an interruption) stops the decoder between denoising passes
-        reply = await responder.agenerate(user, history, deadline_s=self._llm.deadline_s)
-        text = reply.text.strip()
-        if text:
+        async for text in reply_chunks(self._llm.responder, user, history, self._llm.deadline_s,
+                                       self._llm.first_chunk):
             self._event_ch.send_nowait(
-                llm.ChatChunk(id=utils.shortuuid("diffusion_"), delta=llm.ChoiceDelta(role="assistant", content=text))
+                llm.ChatChunk(id=chunk_id, delta=llm.ChoiceDelta(role="assistant", content=text))
             )

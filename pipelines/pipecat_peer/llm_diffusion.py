@@ -1,15 +1,22 @@
 """Our diffusion LM responder as a Pipecat LLM service.
 
-A masked diffusion LM does not stream tokens: it denoises a whole block at once, so each
-reply is one `LLMTextFrame` between the usual response start and end frames. The last user
-message of the context is the prompt and earlier user/assistant pairs are the history.
-System instructions are ignored: the model has its own persona and no instruction following.
-An interruption cancels the frame's processing task, which stops the decoder between passes.
+A diffusion LM does not write token by token, but the block LM streams its reply as a
+remote LM does (`llm.reply_chunks`): between the usual response start and end frames, one
+`LLMTextFrame` holds the text up to its first sentence and the start of the next, pushed
+as soon as that is decoded, so the TTS speaks the first sentence while the rest is decoded;
+a second holds the rest. A model that does not stream (``llm.stream: false``, a masked LM)
+gives one frame. Past the deadline the reply ends at a sentence end, never inside one. The
+last user message of the context is the prompt and earlier user/assistant pairs are the
+history. System instructions are ignored: the model has its own persona and no instruction
+following. An interruption cancels the frame's processing task, which stops the decoder
+between passes.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from pipecat.frames.frames import Frame, LLMContextFrame, LLMFullResponseEndFrame, LLMFullResponseStartFrame
@@ -17,7 +24,12 @@ from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.llm_service import LLMService
 from pipecat.services.settings import LLMSettings
 
+from llm.reply_chunks import reply_chunks
 from llm.responder import Responder
+from voice.tts import first_part_ready
+
+# a whole first sentence and the start of the next: what Pipecat's sentence aggregator speaks
+FIRST_SENTENCE: Callable[[str], bool] = partial(first_part_ready, split_clauses=False)
 
 
 def message_text(content: Any) -> str:
@@ -46,8 +58,10 @@ def conversation(messages: list[Any]) -> tuple[str, list[tuple[str, str]]]:
 
 
 class DiffusionLLMService(LLMService):
-    def __init__(self, responder: Responder, *, deadline_s: float | None = None, **kwargs: Any) -> None:
-        """``deadline_s``: per-reply compute budget for anytime decoding (None: all steps)."""
+    def __init__(self, responder: Responder, *, deadline_s: float | None = None,
+                 first_chunk: Callable[[str], bool] = FIRST_SENTENCE, **kwargs: Any) -> None:
+        """``deadline_s``: per-reply compute budget for anytime decoding (None: all steps).
+        ``first_chunk``: when the text decoded so far goes out as the first frame."""
         kwargs.setdefault("settings", LLMSettings(
             model=responder.name, system_instruction=None, temperature=None, max_tokens=None, top_p=None,
             top_k=None, frequency_penalty=None, presence_penalty=None, seed=None,
@@ -56,8 +70,9 @@ class DiffusionLLMService(LLMService):
         super().__init__(**kwargs)
         self.responder = responder
         self.deadline_s = deadline_s
-        # (monotonic, text) of every reply decoded: what the agent meant to say, whether or not
-        # it was heard (the assistant aggregator keeps only the sentences that were played)
+        self.first_chunk = first_chunk
+        # (monotonic at its first text, text so far) of every reply: what the agent meant to say,
+        # whether or not it was heard (the assistant aggregator keeps only the sentences that were played)
         self.replies: list[tuple[float, str]] = []
 
     def can_generate_metrics(self) -> bool:
@@ -73,10 +88,12 @@ class DiffusionLLMService(LLMService):
         try:
             user, history = conversation(frame.context.get_messages())
             if user:
-                reply = await self.responder.agenerate(user, history, deadline_s=self.deadline_s)
-                text = reply.text.strip()
-                if text:
-                    self.replies.append((time.monotonic(), text))
+                said, at = "", len(self.replies)
+                async for text in reply_chunks(self.responder, user, history, self.deadline_s, self.first_chunk):
+                    said += text
+                    # stamped at its first text (its speech may start before the rest is decoded)
+                    entry = (self.replies[at][0] if len(self.replies) > at else time.monotonic(), said.strip())
+                    self.replies[at:at + 1] = [entry]
                     await self._push_llm_text(text)
         finally:
             await self.stop_processing_metrics()
