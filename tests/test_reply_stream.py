@@ -51,6 +51,11 @@ class RecordingPool:
 
         return await asyncio.to_thread(job)
 
+    async def wait_finished(self, timeout_s: float = 10.0) -> None:
+        t0 = time.monotonic()
+        while not self.finished.is_set() and time.monotonic() - t0 < timeout_s:
+            await asyncio.sleep(0.01)
+
 
 @pytest.fixture(scope="module")
 def responder() -> Responder:
@@ -115,9 +120,7 @@ def test_cancelling_the_rest_stops_the_worker(responder: Responder) -> None:
         reply = await r.agenerate(LONG, ready=lambda text: True)  # handed over after one pass
         reply.cancel()  # before the tail first ran: a barge-in, a superseded speculation
         text = await reply.complete()
-        t0 = time.monotonic()
-        while not pool.finished.is_set() and time.monotonic() - t0 < 10:
-            await asyncio.sleep(0.01)
+        await pool.wait_finished()
         return text
 
     text = asyncio.run(go())
@@ -152,9 +155,7 @@ def test_closing_the_chunks_after_the_first_stops_the_worker(responder: Responde
         chunks = reply_chunks(r, LONG, ready=lambda text: True)  # the first after one pass
         first = await anext(chunks)
         await chunks.aclose()  # an interruption: the plugin's stream is closed
-        t0 = time.monotonic()
-        while not pool.finished.is_set() and time.monotonic() - t0 < 10:
-            await asyncio.sleep(0.01)
+        await pool.wait_finished()
         return first
 
     first = asyncio.run(go())
