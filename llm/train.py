@@ -154,6 +154,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--distill-cap", type=int, default=0,
                     help="with --distill: at most this many prompts per distinct reply (0: all), so the most "
                          "common replies do not crowd out the rest")
+    ap.add_argument("--chitchat-keep", type=int, default=0,
+                    help="keep at most this many chitchat-dataset pairs (0: all), drawn by the order seed: the "
+                         "students' small talk outnumbers the assistant-style replies about 3 to 1")
     ap.add_argument("--blocks", default="8,16", help="bdlm: block sizes, one drawn per batch")
     ap.add_argument("--ar-weight", type=float, default=0.5, help="bdlm: weight of the clean copy's AR loss")
     ap.add_argument("--max-steps", type=int, help="stop after this many optimizer steps (to match another run)")
@@ -196,6 +199,11 @@ def main(argv: list[str] | None = None) -> None:
                 if seen[p.response] <= args.distill_cap:
                     capped.append(p)
             train_pairs = capped
+    if args.chitchat_keep:
+        chat = [p for p in train_pairs if p.source == "chitchat"]
+        rng.shuffle(chat)
+        kept = {id(p) for p in chat[: args.chitchat_keep]}
+        train_pairs = [p for p in train_pairs if p.source != "chitchat" or id(p) in kept]
     if args.service:
         train_pairs += service_pairs(args.seed + 2, per_group=args.service)
     if args.tokenizer:
@@ -268,6 +276,7 @@ def main(argv: list[str] | None = None) -> None:
             "bf16_autocast": args.bf16,
             "train_pairs": len(data), "extra_persona": args.extra_persona,
             "service_per_group": args.service, "init": str(args.init or ""),
+            "chitchat_keep": args.chitchat_keep,
             "grammatical_only": args.grammatical, "distilled": args.distill, "distill_cap": args.distill_cap,
             "sgd_context_free": args.sgd_context_free,
             "heldout": HELDOUT, "prompt_len": PROMPT_LEN, "block_len": BLOCK_LEN,
