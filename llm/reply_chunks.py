@@ -1,5 +1,6 @@
 """A reply as text chunks, for frameworks whose LLM is a stream (LiveKit's `LLMStream`,
-Pipecat's text frames): the first clause as soon as it is written, then the rest.
+Pipecat's text frames): its first part (what ``ready`` accepts: a clause, a sentence) as
+soon as it is written, then the rest.
 
 It works with any responder whose ``agenerate(..., ready=...)`` returns a `Reply` at the
 first text that satisfies ``ready`` and decodes the rest in `Reply.tail` (the embedded block

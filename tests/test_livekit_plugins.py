@@ -24,12 +24,13 @@ from pipelines.livekit_plugins import (
     livekit_plugins_for,
     run_livekit_session,
 )
-from pipelines.livekit_plugins.llm_diffusion import FIRST_SENTENCE, conversation
+from pipelines.livekit_plugins.llm_diffusion import conversation
 from pipelines.livekit_plugins.session_replay import gaps
 from pipelines.livekit_plugins.tts_piper import complete_sentences
 from tests.speech import librivox
 from voice.asr import normalize_words
 from voice.audio import read_wav, resample
+from voice.tts import first_sentence_ready
 from voice.vad import WebRtcVad
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="module")]
@@ -174,9 +175,9 @@ async def test_llm_plugin_streams_the_first_sentence_then_the_rest(agent: Any) -
     texts = [c.delta.content for c in chunks if c.delta and c.delta.content]
     expected = (await asyncio.to_thread(agent.responder.generate, "hello, how are you today?")).text.strip()
     assert "".join(texts) == expected  # the whole reply, as the responder decodes it unhurried
-    assert FIRST_SENTENCE(expected), expected  # two sentences: else nothing to stream
+    assert first_sentence_ready(expected), expected  # two sentences: else nothing to stream
     # the first sentence goes to TTS while the rest is decoded, in one completion
-    assert len(texts) == 2 and FIRST_SENTENCE(texts[0]), texts
+    assert len(texts) == 2 and first_sentence_ready(texts[0]), texts
     assert len({c.id for c in chunks}) == 1
 
 

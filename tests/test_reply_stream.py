@@ -9,7 +9,6 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import pytest
@@ -18,9 +17,8 @@ from llm.config import LlmConfig
 from llm.decoder import DecodeCancelled
 from llm.reply_chunks import reply_chunks
 from llm.responder import Responder
-from voice.tts import first_part_ready, split_for_speech
+from voice.tts import first_sentence_ready, split_for_speech
 
-FIRST_SENTENCE = partial(first_part_ready, split_clauses=False)  # the plugins' first chunk
 LONG = "Ask not what your country can do for you. Ask what you can do for your country."
 
 
@@ -133,17 +131,17 @@ def test_the_reply_as_chunks_is_its_first_sentence_then_the_rest(responder: Resp
     start of the next, then the rest; together the unhurried reply."""
     prompt = "hello, how are you today?"
     unhurried = responder.generate(prompt).text
-    assert FIRST_SENTENCE(unhurried), unhurried  # two sentences: else nothing to stream
+    assert first_sentence_ready(unhurried), unhurried  # two sentences: else nothing to stream
 
     chunks = asyncio.run(_chunks(responder, prompt))
     assert "".join(chunks) == unhurried
-    assert len(chunks) == 2 and FIRST_SENTENCE(chunks[0]), chunks
+    assert len(chunks) == 2 and first_sentence_ready(chunks[0]), chunks
     unstreamed = Responder(responder.lm, LlmConfig(stream=False))
     assert asyncio.run(_chunks(unstreamed, prompt)) == [unhurried]  # one chunk when it does not stream
 
 
 async def _chunks(responder: Responder, prompt: str) -> list[str]:
-    return [c async for c in reply_chunks(responder, prompt, ready=FIRST_SENTENCE)]
+    return [c async for c in reply_chunks(responder, prompt, ready=first_sentence_ready)]
 
 
 def test_closing_the_chunks_after_the_first_stops_the_worker(responder: Responder) -> None:

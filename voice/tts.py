@@ -49,6 +49,12 @@ def first_part_ready(text: str, max_first_words: int = 6, split_clauses: bool = 
     return len(split_for_speech(text, max_first_words, split_clauses)) >= 2
 
 
+def first_sentence_ready(text: str) -> bool:
+    """Has ``text`` a whole first sentence and the start of the next? What a TTS that speaks
+    sentence by sentence (LiveKit's, Pipecat's) can start on."""
+    return first_part_ready(text, split_clauses=False)
+
+
 def unheard_sentences(text: str, heard_words: int) -> str:
     """What of ``text`` to say again after the caller heard its first ``heard_words`` words:
     from the start of the sentence they were cut off in, so it is said whole ("" when every

@@ -14,7 +14,6 @@ are ignored: the model was trained with its own persona and has no instruction f
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from livekit.agents import llm, utils
@@ -22,10 +21,7 @@ from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConn
 
 from llm.reply_chunks import reply_chunks
 from llm.responder import Responder
-from voice.tts import first_part_ready
-
-# a whole first sentence and the start of the next: what a sentence-chunking TTS can speak
-FIRST_SENTENCE: Callable[[str], bool] = partial(first_part_ready, split_clauses=False)
+from voice.tts import first_sentence_ready
 
 
 def conversation(chat_ctx: llm.ChatContext) -> tuple[str, list[tuple[str, str]]]:
@@ -48,7 +44,7 @@ def conversation(chat_ctx: llm.ChatContext) -> tuple[str, list[tuple[str, str]]]
 
 class DiffusionLLM(llm.LLM):
     def __init__(self, responder: Responder, *, deadline_s: float | None = None,
-                 first_chunk: Callable[[str], bool] = FIRST_SENTENCE) -> None:
+                 first_chunk: Callable[[str], bool] = first_sentence_ready) -> None:
         """``deadline_s``: per-reply compute budget for anytime decoding (None: all steps).
         ``first_chunk``: when the text decoded so far goes out as the first chunk."""
         super().__init__()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from pipecat.frames.frames import Frame, LLMContextFrame, LLMFullResponseEndFrame, LLMFullResponseStartFrame
@@ -26,10 +25,7 @@ from pipecat.services.settings import LLMSettings
 
 from llm.reply_chunks import reply_chunks
 from llm.responder import Responder
-from voice.tts import first_part_ready
-
-# a whole first sentence and the start of the next: what Pipecat's sentence aggregator speaks
-FIRST_SENTENCE: Callable[[str], bool] = partial(first_part_ready, split_clauses=False)
+from voice.tts import first_sentence_ready
 
 
 def message_text(content: Any) -> str:
@@ -59,7 +55,7 @@ def conversation(messages: list[Any]) -> tuple[str, list[tuple[str, str]]]:
 
 class DiffusionLLMService(LLMService):
     def __init__(self, responder: Responder, *, deadline_s: float | None = None,
-                 first_chunk: Callable[[str], bool] = FIRST_SENTENCE, **kwargs: Any) -> None:
+                 first_chunk: Callable[[str], bool] = first_sentence_ready, **kwargs: Any) -> None:
         """``deadline_s``: per-reply compute budget for anytime decoding (None: all steps).
         ``first_chunk``: when the text decoded so far goes out as the first frame."""
         kwargs.setdefault("settings", LLMSettings(
@@ -88,12 +84,13 @@ class DiffusionLLMService(LLMService):
         try:
             user, history = conversation(frame.context.get_messages())
             if user:
-                said, at = "", len(self.replies)
+                said, at = "", None
                 async for text in reply_chunks(self.responder, user, history, self.deadline_s, self.first_chunk):
                     said += text
-                    # stamped at its first text (its speech may start before the rest is decoded)
-                    entry = (self.replies[at][0] if len(self.replies) > at else time.monotonic(), said.strip())
-                    self.replies[at:at + 1] = [entry]
+                    if at is None:  # stamped at its first text: its speech may start before the rest is decoded
+                        at = len(self.replies)
+                        self.replies.append((time.monotonic(), ""))
+                    self.replies[at] = (self.replies[at][0], said.strip())
                     await self._push_llm_text(text)
         finally:
             await self.stop_processing_metrics()
