@@ -37,6 +37,7 @@ import aiomqtt
 
 from pipelines.config import TRANSFER_URI, ConfigError, MqttConfig
 from pipelines.events import SCHEMA_VERSION, Event, EventBus, Partial
+from voice.events import to_json
 
 log = logging.getLogger(__name__)
 
@@ -101,31 +102,8 @@ def apply_mqtt_url(cfg: MqttConfig, url: str) -> MqttConfig:
         raise ConfigError(f"--mqtt {url!r}: {exc}") from None
 
 
-def _finite(x: Any) -> Any:
-    """JSON has no NaN or Infinity; send null rather than an unparseable payload."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
-    return x
-
-
-def _json_default(x: Any) -> Any:
-    if hasattr(x, "item"):  # numpy scalars
-        return x.item()
-    if hasattr(x, "tolist"):
-        return x.tolist()
-    return str(x)
-
-
 def encode(d: dict[str, Any]) -> bytes:
-    try:
-        s = json.dumps(d, default=_json_default, allow_nan=False, separators=(",", ":"))
-    except ValueError:
-        s = json.dumps(_finite(json.loads(json.dumps(d, default=_json_default))), separators=(",", ":"))
-    return s.encode()
+    return to_json(d).encode()
 
 
 class MqttBridge:

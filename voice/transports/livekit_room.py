@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import deque
@@ -26,7 +25,7 @@ import numpy as np
 from livekit import rtc
 
 from voice.audio import AudioFrame, StreamResampler
-from voice.events import Event
+from voice.events import Event, to_json
 from voice.transports.base import Clock, RealtimeClock
 
 log = logging.getLogger(__name__)
@@ -344,7 +343,7 @@ class RoomAgent:
                 event: Event = await queue.get()
                 if event.session_id != session.session_id:
                     continue
-                payload = json.dumps(event.to_dict(), default=str)
+                payload = to_json(event.to_dict())
                 try:
                     await self.room.local_participant.publish_data(payload, reliable=True, topic=EVENTS_TOPIC)
                 except Exception as exc:  # a full or closed data channel must not stop the call

@@ -18,7 +18,6 @@ import contextlib
 import fractions
 import json
 import logging
-import math
 import time
 import uuid
 from collections import deque
@@ -33,7 +32,7 @@ from aiortc.rtcrtpsender import RTCRtpSender
 from aiortc.sdp import SessionDescription
 
 from voice.audio import AudioFrame, StreamResampler
-from voice.events import Event
+from voice.events import Event, to_json
 from voice.transports.base import Clock, RealtimeClock
 
 log = logging.getLogger(__name__)
@@ -301,26 +300,7 @@ async def read_caller_audio(
 
 
 def event_json(event: Event) -> str:
-    return json.dumps(_finite(event.to_dict()), default=_jsonable, separators=(",", ":"))
-
-
-def _finite(x: Any) -> Any:
-    """JSON.parse rejects NaN and Infinity: send null instead."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
-    return x
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    return str(x)
+    return to_json(event.to_dict())
 
 
 class WebrtcCall:
@@ -421,7 +401,7 @@ class WebrtcCall:
         self._flush()
 
     def send(self, payload: dict[str, Any] | str) -> None:
-        text = payload if isinstance(payload, str) else json.dumps(payload, default=_jsonable)
+        text = payload if isinstance(payload, str) else to_json(payload)
         self._pending.append(text)
         self._flush()
 
