@@ -4,6 +4,7 @@ until someone next runs it. The measurements themselves are the scripts' own, ru
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -25,3 +26,18 @@ def test_bench_script_starts(script: str) -> None:
                        cwd=BENCH.parent)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "usage:" in r.stdout
+
+
+def test_median_runs_of_committed_results(tmp_path: Path) -> None:
+    runs = [BENCH / "results" / f"turn_gap_cpu_s9_run{i}.json" for i in (1, 2, 3)]
+    out = tmp_path / "m.json"
+    r = subprocess.run([sys.executable, str(BENCH / "median_runs.py"), *map(str, runs), "--json", str(out)],
+                       capture_output=True, text=True, timeout=120, cwd=BENCH.parent)
+    assert r.returncode == 0, r.stderr
+    m = json.loads(out.read_text())
+    assert m["runs"] == 3 and m["ours"]["p50_ms"] == {"runs": [460.0, 450.0, 450.0], "median": 450.0}
+    assert m["ours"]["cutoffs"]["median"] == 15
+    dev = BENCH / "results" / "turn_gap_dev_agree400_cpu.json"
+    r = subprocess.run([sys.executable, str(BENCH / "median_runs.py"), str(runs[0]), str(dev)],
+                       capture_output=True, text=True, timeout=120, cwd=BENCH.parent)
+    assert r.returncode == 2 and "runs differ in split" in r.stderr
