@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import signal
 
 _ATTR = "_voice_agent_serve_subparsers"
 
@@ -24,3 +27,16 @@ def get_serve_subparsers(subparsers: argparse._SubParsersAction) -> argparse._Su
     children = serve.add_subparsers(dest="transport", metavar="TRANSPORT", required=True)
     setattr(subparsers, _ATTR, children)
     return children
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event set when the process gets SIGINT or SIGTERM (a service manager's stop,
+    Ctrl-C). Call it first thing in a server's coroutine: a signal that comes while the models
+    load or just after the server says it is listening then ends it cleanly, not by the
+    signal's default action."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import hmac
 import json
 import logging
 import secrets
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,7 +29,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from pipelines.cli_serve import get_serve_subparsers
+from pipelines.cli_serve import get_serve_subparsers, stop_on_signals
 from pipelines.config import AgentConfig, ConfigError, load_config
 from voice.transports.base import Refusal
 from voice.transports.webrtc import (
@@ -283,6 +281,7 @@ def _run(args: argparse.Namespace) -> int:
 async def serve(config: AgentConfig, token: str) -> int:
     from pipelines.agent import Agent, start_event_bridge
 
+    stop = stop_on_signals()
     agent = await Agent.load(config)
     server = WebrtcServer(agent, config, token)
     try:
@@ -295,11 +294,6 @@ async def serve(config: AgentConfig, token: str) -> int:
         return 1
     bridge = await start_event_bridge(agent, config)
     print(f"WebRTC calls: open {url}?token={token}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
     finally:
