@@ -3,12 +3,31 @@ laid on the call's timeline, and the gap as a webrtcvad-based ruler reads it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from voice.vad import WebRtcVad
 
 RATE = 16000
 FRAME = RATE // 50  # 20 ms
+
+
+@dataclass
+class PeerTurn:
+    """One reply of a peer framework, paired with the caller's turn it answers."""
+
+    user_end_s: float
+    agent_start_s: float
+    gap_ms: float
+    user_text: str = ""
+    agent_text: str = ""
+    committed_s: float | None = None  # when the framework ended the user turn this reply answers
+    # the user turn was ended after the caller's last voiced frame. False: the framework ended
+    # it at a mid-sentence pause (and may have held the reply while the caller went on); the
+    # reply answers only the words before the pause ("He was not an"), and its short gap is no
+    # answer to the turn
+    whole_turn: bool = True
 
 
 def played_track(chunks: list[tuple[float, np.ndarray]], t0: float, duration_s: float) -> np.ndarray:

@@ -35,7 +35,7 @@ from pipelines.config import AgentConfig
 from pipelines.livekit_plugins.llm_diffusion import DiffusionLLM
 from pipelines.livekit_plugins.stt_whisper import WhisperSTT, rtc_frame_to_mono
 from pipelines.livekit_plugins.tts_piper import PiperStreamingTTS
-from pipelines.peer_replay import gaps, played_track, voiced_frame_ends
+from pipelines.peer_replay import PeerTurn, gaps, played_track, voiced_frame_ends
 from voice.audio import resample
 
 log = logging.getLogger(__name__)
@@ -160,21 +160,6 @@ class PacedAudioOutput(io.AudioOutput):
 
 
 @dataclass
-class LivekitTurn:
-    user_end_s: float
-    agent_start_s: float
-    gap_ms: float
-    user_text: str = ""
-    agent_text: str = ""
-    committed_s: float | None = None  # when LiveKit committed the user turn this reply answers
-    # the reply answers the whole turn: a final transcript that arrived after the caller's last
-    # voiced frame was in the turn when it was committed. LiveKit can decide the turn is over
-    # at a mid-sentence pause and hold the reply while the caller goes on; that reply answers
-    # the words before the pause ("He was not an") and its short gap is no answer to the turn.
-    whole_turn: bool = True
-
-
-@dataclass
 class _Transcript:
     user: list[tuple[float, str]] = field(default_factory=list)  # (monotonic, final transcript)
     agent: list[tuple[float, str]] = field(default_factory=list)
@@ -213,7 +198,7 @@ async def run_livekit_session(
 
     ``turn_handling`` is passed to `AgentSession` as is; None keeps LiveKit's defaults. The
     session runs ``tail_s`` past the recording, longer while the agent is still speaking.
-    Returns ``{"turns": [LivekitTurn as dict], "gaps_ms": [...], "user_transcripts": [...],
+    Returns ``{"turns": [PeerTurn as dict], "gaps_ms": [...], "user_transcripts": [...],
     "agent_replies": [...], "agent_audio_s": float, "agent_audio": 16 kHz int16 (keep_audio)}``.
     """
     cfg = cfg or getattr(agent_engines, "cfg", None) or AgentConfig()
@@ -272,7 +257,7 @@ async def run_livekit_session(
         agent_text = said.agent[k][1] if k < len(said.agent) else ""  # one chat item per reply
         whole = bool(finals) and finals[-1][0] >= user_end
         turns.append(
-            LivekitTurn(round(user_end, 3), round(start, 3), round((start - user_end) * 1000, 1), user_text, agent_text,
+            PeerTurn(round(user_end, 3), round(start, 3), round((start - user_end) * 1000, 1), user_text, agent_text,
                         round(commit, 3) if commits else None, whole)
         )
         prev_commit = max(prev_commit, commit)

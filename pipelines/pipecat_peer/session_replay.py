@@ -52,24 +52,11 @@ from pipecat.processors.aggregators.llm_response_universal import (
 from pipecat.workers.runner import WorkerRunner
 
 from pipelines.config import AgentConfig
-from pipelines.peer_replay import gaps, voiced_frame_ends
+from pipelines.peer_replay import PeerTurn, gaps, voiced_frame_ends
 from pipelines.pipecat_peer.llm_diffusion import DiffusionLLMService
 from pipelines.pipecat_peer.stt_whisper import WhisperSegmentedSTT
 from pipelines.pipecat_peer.transports import RATE, PacedOutputTransport, ReplayInputTransport
 from pipelines.pipecat_peer.tts_piper import PiperTTSService
-
-
-@dataclass
-class PipecatTurn:
-    user_end_s: float
-    agent_start_s: float
-    gap_ms: float
-    user_text: str = ""
-    agent_text: str = ""
-    committed_s: float | None = None  # when Pipecat ended the user turn this reply answers
-    # the user turn ended after the caller's last voiced frame; False: Pipecat ended it at a
-    # pause and the reply answers only the words before it
-    whole_turn: bool = True
 
 
 @dataclass
@@ -108,7 +95,7 @@ async def run_pipecat_session(
     (a loaded `pipelines.agent.Agent`). The session runs ``tail_s`` past the recording, longer
     while the agent is still speaking.
 
-    Returns ``{"turns": [PipecatTurn as dict], "gaps_ms": [...], "user_transcripts": [...],
+    Returns ``{"turns": [PeerTurn as dict], "gaps_ms": [...], "user_transcripts": [...],
     "agent_replies": [every reply decoded], "heard_replies": [{"text": what of a reply was
     played, "interrupted": bool}], "agent_audio_s": float, "errors": [...], "agent_audio": 16 kHz
     int16 aligned with the call, as long as the call plus ``tail_s`` + 5 s (keep_audio)}``.
@@ -160,7 +147,7 @@ async def run_pipecat_session(
     t0 = mic.t0
     onsets = [o - t0 for o in speaker.onsets]
     pairs = gaps(onsets, voiced_frame_ends(pcm16k, cfg.vad.aggressiveness))
-    turns: list[PipecatTurn] = []
+    turns: list[PeerTurn] = []
     prev_commit = -1.0
     replies = [(at - t0, text) for at, text in llm.replies]
     for user_end, start in pairs:
@@ -168,7 +155,7 @@ async def run_pipecat_session(
         commit = commits[-1][0] if commits else None
         # the reply that was playing: the last one decoded before its first sound
         agent_text = next((text for at, text in reversed(replies) if at <= start), "")
-        turns.append(PipecatTurn(
+        turns.append(PeerTurn(
             round(user_end, 3), round(start, 3), round((start - user_end) * 1000, 1),
             " ".join(text for _, text in commits), agent_text,
             round(commit, 3) if commit is not None else None,
