@@ -102,6 +102,7 @@ async def serve(config: AgentConfig, reports: str | None = None) -> int:
         host, port = await server.start()
     except OSError as exc:
         print(f"voice-agent serve sip: cannot listen on udp {config.sip.bind}: {exc}", file=sys.stderr)
+        await agent.aclose()
         return 1
     bridge = await start_event_bridge(agent, config)
     auth = "digest auth on" if server.auth else "no auth"

@@ -291,6 +291,7 @@ async def serve(config: AgentConfig, token: str) -> int:
             f"voice-agent serve webrtc: cannot listen on {config.webrtc.host}:{config.webrtc.port}: {exc}",
             file=sys.stderr,
         )
+        await agent.aclose()
         return 1
     bridge = await start_event_bridge(agent, config)
     print(f"WebRTC calls: open {url}?token={token}", flush=True)
@@ -300,9 +301,5 @@ async def serve(config: AgentConfig, token: str) -> int:
         await server.stop()
         if bridge is not None:
             await bridge.close()
-        closer = getattr(agent, "close", None)
-        if closer is not None:
-            result = closer()
-            if asyncio.iscoroutine(result):
-                await result
+        await agent.aclose()
     return 0
