@@ -36,7 +36,7 @@ def to_json(payload: dict[str, Any]) -> str:
     JSON has no NaN or Infinity (a browser's ``JSON.parse`` rejects them): they go as null.
     numpy scalars and arrays go as numbers and lists; anything else as its ``str``.
     """
-    return json.dumps(_finite(payload), default=_plain, allow_nan=False, separators=(",", ":"))
+    return json.dumps(_finite(payload), default=str, allow_nan=False, separators=(",", ":"))
 
 
 def _finite(x: Any) -> Any:
@@ -49,7 +49,3 @@ def _finite(x: Any) -> Any:
     if hasattr(x, "tolist") and hasattr(x, "dtype"):  # numpy scalar or array: checked as numbers
         return _finite(x.tolist())
     return x
-
-
-def _plain(x: Any) -> Any:
-    return str(x)
