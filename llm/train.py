@@ -30,7 +30,16 @@ import torch.nn.functional as F
 
 from llm import block_lm
 from llm.architectures import new_ar, new_mdlm
-from llm.data import Pair, all_pairs, distilled_replies, grammatical_replies, reply_key, sgd_pairs, split_pairs
+from llm.data import (
+    DISTILLED_REPLIES,
+    Pair,
+    all_pairs,
+    distilled_replies,
+    grammatical_replies,
+    reply_key,
+    sgd_pairs,
+    split_pairs,
+)
 from llm.persona import persona_pairs
 from llm.persona_service import service_pairs
 from llm.quality import repeats
@@ -151,6 +160,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--distill", action="store_true",
                     help="bdlm: train on the reply model's own filtered replies, one per prompt "
                          "(llm/corpus/distilled_replies.jsonl.gz, made by scripts/distill_replies.py)")
+    ap.add_argument("--distill-file", type=Path, default=DISTILLED_REPLIES,
+                    help="with --distill: the targets (scripts/distill_replies.py --out; "
+                         "llm/corpus/ar_distilled_replies.jsonl.gz holds the AR baseline's)")
     ap.add_argument("--distill-cap", type=int, default=0,
                     help="with --distill: at most this many prompts per distinct reply (0: all), so the most "
                          "common replies do not crowd out the rest")
@@ -187,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
         keep = grammatical_replies()
         train_pairs = [p for p in train_pairs if reply_key(p.response) in keep]
     if args.distill:
-        target = distilled_replies()
+        target = distilled_replies(args.distill_file)
         by_prompt = {p.prompt: p for p in train_pairs if reply_key(p.prompt) in target}
         train_pairs = [Pair(p.prompt, target[reply_key(p.prompt)], p.source) for p in by_prompt.values()]
         if args.distill_cap:
@@ -277,7 +289,8 @@ def main(argv: list[str] | None = None) -> None:
             "train_pairs": len(data), "extra_persona": args.extra_persona,
             "service_per_group": args.service, "init": str(args.init or ""),
             "chitchat_keep": args.chitchat_keep,
-            "grammatical_only": args.grammatical, "distilled": args.distill, "distill_cap": args.distill_cap,
+            "grammatical_only": args.grammatical, "distill_cap": args.distill_cap,
+            "distilled": str(args.distill_file) if args.distill else False,
             "sgd_context_free": args.sgd_context_free,
             "heldout": HELDOUT, "prompt_len": PROMPT_LEN, "block_len": BLOCK_LEN,
             "loss_curve": [round(sum(c) / len(c), 4) for c in (losses[i : i + 100] for i in range(0, step, 100))],

@@ -1,18 +1,20 @@
-"""Self-distillation data for the BDLM: the embedded model's own replies to training prompts.
+"""Distillation data for the BDLM: a teacher's replies to training prompts.
 
-    python scripts/distill_replies.py --workers 2        # about 20 minutes on two cores
+    python scripts/distill_replies.py --workers 2        # the reply model itself, about 20 minutes on two cores
+    python scripts/distill_replies.py --teacher ar --out llm/corpus/ar_distilled_replies.jsonl.gz   # about 6
 
 Each training-side prompt (SGD caller turns, chit-chat, the persona slice; never a held-out
-one) is answered by the reply model at its default setting with no deadline. A reply is kept
-when it ended within the token cap, has at most 24 words, says nothing twice and parses under
-link-grammar with no null links. Training on these (``llm.train --distill``) gives each prompt
-one target instead of the corpora's many different replies, so the model becomes sure of
-several positions of a block at once and the threshold rule commits more per pass: the
-sequence-level distillation non-autoregressive translation uses for the same reason.
+one) is answered by the teacher with no deadline: the reply model at its default setting, or
+the AR baseline greedily (``--teacher ar``). A reply is kept when it ended within the token
+cap, has at most 24 words, says nothing twice (nor any word trigram) and parses under
+link-grammar with no null links. Training on these (``llm.train --distill [--distill-file]``)
+gives each prompt one target instead of the corpora's many different replies, so the model
+becomes sure of several positions of a block at once and the threshold rule commits more per
+pass: the sequence-level distillation non-autoregressive translation uses for the same reason.
 
-Writes ``llm/corpus/distilled_replies.jsonl.gz``: ``{"k": reply_key(prompt), "reply": text}``
-per kept prompt. The prompts stay in their corpora (keyed by hash); the replies are this
-repo's model output.
+Writes ``llm/corpus/distilled_replies.jsonl.gz`` (or ``--out``): ``{"k": reply_key(prompt),
+"reply": text}`` per kept prompt. The prompts stay in their corpora (keyed by hash); the
+replies are this repo's model output.
 """
 
 from __future__ import annotations
@@ -38,26 +40,50 @@ MAX_WORDS = 24
 _worker: dict = {}
 
 
-def _init(model: str | None) -> None:
+def _init(model: str | None, teacher: str) -> None:
     import torch
 
-    from llm.config import LlmConfig
     from llm.grammar_judge import LinkGrammarJudge
-    from llm.responder import Responder
 
     torch.set_num_threads(1)
-    _worker["r"] = Responder.load(LlmConfig(model_path=model), turn_end=False)
+    if teacher == "ar":
+        from llm.ar import AR_WEIGHTS, ArLM
+
+        _worker["ar"] = ArLM.load(model or AR_WEIGHTS)
+    else:
+        from llm.config import LlmConfig
+        from llm.responder import Responder
+
+        _worker["r"] = Responder.load(LlmConfig(model_path=model), turn_end=False)
     _worker["judge"] = LinkGrammarJudge()
 
 
+def _replies(prompts: list[str]) -> list[tuple[str, bool]]:
+    """(text, ended) per prompt, from the teacher this worker loaded."""
+    if "ar" in _worker:
+        ar = _worker["ar"]
+        out = []
+        for i in range(0, len(prompts), 32):  # greedy, batched: rows stop at their own end token
+            batch = prompts[i : i + 32]
+            for res in ar.generate_batch([ar.prompt_ids(p) for p in batch]):
+                out.append((ar.tok.decode(res.ids).strip(), res.ended))
+        return out
+    reps = [_worker["r"].generate(p) for p in prompts]
+    return [(rep.text.strip(), len(rep.block) > len(rep.ids)) for rep in reps]
+
+
+def _says_a_trigram_twice(text: str) -> bool:
+    w = [x.lower().strip(".,!?") for x in text.split()]
+    grams = [tuple(w[i : i + 3]) for i in range(len(w) - 2)]
+    return len(grams) != len(set(grams))
+
+
 def _answer(prompts: list[str]) -> list[tuple[str, str | None]]:
-    r, judge = _worker["r"], _worker["judge"]
+    judge = _worker["judge"]
     out: list[tuple[str, str | None]] = []
-    for p in prompts:
-        rep = r.generate(p)
-        t = rep.text.strip()
-        ended = len(rep.block) > len(rep.ids)
-        ok = ended and bool(t) and len(words(t)) <= MAX_WORDS and not repeats(t) and judge.grammatical(t)
+    for p, (t, ended) in zip(prompts, _replies(prompts), strict=True):
+        ok = (ended and bool(t) and len(words(t)) <= MAX_WORDS and not repeats(t)
+              and not _says_a_trigram_twice(t) and judge.grammatical(t))
         out.append((p, t if ok else None))
     return out
 
@@ -73,7 +99,10 @@ def training_prompts(n_sgd: int, n_chat: int, seed: int) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="reply model directory (default: the embedded BDLM)")
+    ap.add_argument("--teacher", choices=["bdlm", "ar"], default="bdlm",
+                    help="who answers: the reply model at its default setting, or the AR baseline greedily "
+                         "(sequence-level distillation from an autoregressive teacher)")
+    ap.add_argument("--model", help="the teacher's directory (default: the embedded BDLM, or llm/weights/ar)")
     ap.add_argument("--sgd", type=int, default=20000, help="SGD caller turns to answer")
     ap.add_argument("--chat", type=int, default=10000, help="chit-chat / chatterbot prompts to answer")
     ap.add_argument("--workers", type=int, default=2)
@@ -86,7 +115,7 @@ def main() -> None:
     t0 = time.monotonic()
     kept: dict[str, str] = {}
     done = 0
-    with mp.get_context("spawn").Pool(args.workers, _init, (args.model,)) as pool:
+    with mp.get_context("spawn").Pool(args.workers, _init, (args.model, args.teacher)) as pool:
         for res in pool.imap_unordered(_answer, chunks):
             done += len(res)
             kept.update((reply_key(p), t) for p, t in res if t is not None)
