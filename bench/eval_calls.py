@@ -28,10 +28,14 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import soundfile as sf
 from scipy.signal import resample_poly
+
+if TYPE_CHECKING:
+    from faster_whisper import WhisperModel
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -198,10 +202,10 @@ def split_of(units: list[Unit]) -> dict[str, str]:
 # ---------------------------------------------------------------------------- words
 
 
-_MODEL: list = []
+_MODEL: list[WhisperModel] = []
 
 
-def _whisper():
+def _whisper() -> WhisperModel:
     if not _MODEL:
         from faster_whisper import WhisperModel
 
