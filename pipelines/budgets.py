@@ -23,12 +23,13 @@ BUDGET_KEYS = {
 
 
 def stage_violations(stages: dict[str, float], budgets: BudgetConfig) -> list[dict[str, Any]]:
-    """One record per stage whose measured ms exceed its budget (a missing stage took 0 ms)."""
+    """One record per stage whose measured ms exceed its budget (a missing stage took 0 ms), at
+    the 0.1 ms the report gives: a stage 0.04 ms over is not reported as "over by 0.0 ms"."""
     out = []
     for stage in STAGES:
         budget = getattr(budgets, BUDGET_KEYS[stage])
-        actual = stages.get(stage, 0.0)
+        actual = round(stages.get(stage, 0.0), 1)
         if actual > budget:
-            out.append({"stage": stage, "budget_ms": budget, "actual_ms": round(actual, 1),
+            out.append({"stage": stage, "budget_ms": budget, "actual_ms": actual,
                         "over_ms": round(actual - budget, 1)})
     return out

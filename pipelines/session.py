@@ -125,6 +125,7 @@ class CallSession(SpeculationPath, OwnWords):
         self._pause_buf: list[np.ndarray] = []
         self._fallback_pcm: dict[str, np.ndarray] = {}
         self._out_rs: StreamResampler | None = None
+        self._handed_t = 0.0
         self._audio_t = 0.0  # end of caller audio received, call time
         self._frame_t = 0.0  # start of the frame being processed, call time
 

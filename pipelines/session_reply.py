@@ -80,6 +80,7 @@ class ReplyPath:
     _cut: CutReply | None
     _resume_base: int
     _out_rs: StreamResampler | None
+    _handed_t: float  # when `_play` last handed audio to the transport (after resampling)
     _fallback_pcm: dict[str, np.ndarray]
     _cache_up: bool
     _levels: LevelTrack
@@ -266,6 +267,10 @@ class ReplyPath:
         start = self._play(first) if first is not None else None
         if start is None and fallback_start is None:
             return
+        if start is not None and fallback_start is None:
+            # the first clause reached the transport at its rate: resampling it was part of
+            # getting the audio ready, what comes after is the transport's output buffer
+            t_tts = t_out = self._handed_t
         if start is not None and first is not None:
             utt.first_content_audio_s = start
             audible_s = start + first_audible_offset(first, self.engines.tts.sample_rate)
@@ -444,6 +449,7 @@ class ReplyPath:
         out = self._out_rs.process(pcm, last=last)
         if len(out) == 0:
             return None
+        self._handed_t = self.clock.now()
         return self.output.play(out)
 
     def _check_budgets(self, utt: TurnRecord) -> None:

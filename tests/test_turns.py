@@ -659,9 +659,11 @@ def test_stage_violations_name_the_stage_and_the_ms_over() -> None:
     from pipelines.budgets import stage_violations
 
     budgets = AgentConfig().budgets
-    stages = {"vad_endpoint": 120.0, "asr_final": 10.0, "llm_block": 40.0, "output": 25.04}
+    stages = {"vad_endpoint": 120.0, "asr_final": 10.0, "llm_block": 40.0, "tts_first_audio": 20.04,
+              "output": 25.04}
     got = stage_violations(stages, budgets)
-    assert [v["stage"] for v in got] == ["vad_endpoint", "output"]  # at the budget is not over it
+    # at the budget is not over it, nor is less over it than the report's 0.1 ms
+    assert [v["stage"] for v in got] == ["vad_endpoint", "output"]
     assert got[0] == {"stage": "vad_endpoint", "budget_ms": budgets.endpoint_ms, "actual_ms": 120.0, "over_ms": 40.0}
 
 
