@@ -2,6 +2,7 @@
 
     python bench/capacity.py [--levels 1 2 3 4] [--calls-per-level 8] [--split test] [--json PATH]
                              [--plot PATH.svg] [--sip] [--same-calls] [--keep DIR]
+    python bench/capacity.py --plot-medians MEDIANS.json --plot PATH.svg   # draw bench/median_runs.py's medians
 
 For each level N, rounds of N calls from the evaluation set (`bench/eval_calls.py`) are
 replayed at once through ``voice-agent replay --concurrent`` (`pipelines.replay_concurrent`,
@@ -94,6 +95,26 @@ async def replay_round(
         return judge_round(rnd, out), s["overall"]["violations"]
 
 
+async def until_admitting(agent: Any, limit_s: float = 15.0) -> None:
+    """Wait until the agent would take a phone call: no call still live, and no event-loop lag
+    or engine queue that its admission reads as overload. Between rounds the bench itself has
+    just decoded the captured RTP on the loop; a round must start on an idle box, or its first
+    INVITE gets 503 (agent.overload_lag_ms looks back agent.overload_window_s)."""
+    adm, cfg = agent.admission, agent.cfg.agent
+    adm.lag.ensure_running()
+    t0 = time.monotonic()
+    while True:
+        state = {"live": adm.live, "lag_ms": round(adm.lag.worst_ms()), "queue": adm.queue_depth()}
+        if state["live"] == 0 and state["lag_ms"] <= cfg.overload_lag_ms and state["queue"] <= cfg.overload_queue:
+            break
+        if time.monotonic() - t0 > limit_s:
+            print(f"the agent is still not admitting after {limit_s:.0f} s: {state}", flush=True)
+            return
+        await asyncio.sleep(0.1)
+    if time.monotonic() - t0 > 0.05:
+        print(f"waited {time.monotonic() - t0:.1f} s for the agent to admit calls", flush=True)
+
+
 async def sip_round_judged(agent: Any, rnd: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
     """One round of phone calls from sipp (bench/capacity_sip.py), judged from what went out on the wire."""
     from capacity_sip import RATE, sip_round
@@ -140,6 +161,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     if leg == "replay" and args.keep is not None:
                         j, v = await replay_round(agent, rnd, args.keep / f"n{n}")
                     else:
+                        if leg == "sip":
+                            await until_admitting(agent)
                         j, v = await round_fn(agent, rnd)
                     cpu_s += time.process_time() - cpu0
                     wall_s += time.monotonic() - t0
@@ -186,19 +209,33 @@ def plot(out: dict[str, Any], path: Path, p95_bound_ms: float) -> None:
                 label="p95 gap (SIP, sipp)")
     ax.axhline(p95_bound_ms, color="grey", linestyle="--", linewidth=1, label=f"p95 bound {p95_bound_ms:.0f} ms")
     for c in curve:
-        ax.annotate(f"{c['cutoffs']} cut", (c["calls"], c["p95_ms"]), textcoords="offset points", xytext=(0, 6),
+        ax.annotate(f"{c['cutoffs']:g} cut", (c["calls"], c["p95_ms"]), textcoords="offset points", xytext=(0, 6),
                     ha="center", fontsize=8)
     ax.set_xticks(n)
     ax.set_xlabel("simultaneous calls")
     ax.set_ylabel("gap from the true end (ms)")
     tops = [c["p95_ms"] for c in curve + (out["sip"]["curve"] if "sip" in out else [])]
     ax.set_ylim(0, max(p95_bound_ms, *tops) * 1.15)
-    ax.set_title(f"capacity {out['capacity']} ({out['cores']} cores, {out['split']} split)", fontsize=10)
+    runs = f", medians of {out['runs']} runs" if out.get("runs", 1) > 1 else ""
+    ax.set_title(f"capacity {out['capacity']} ({out['cores']} cores, {out['split']} split{runs})", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
+
+
+def from_medians(med: dict[str, Any], cores: int) -> dict[str, Any]:
+    """bench/median_runs.py's medians of capacity runs, in the shape `plot` draws: each level's
+    median figures, and the largest capacity any run found."""
+    def leg(block: dict[str, Any]) -> dict[str, Any]:
+        return {"curve": [{k: v["median"] for k, v in row.items()} for row in block["curve"]],
+                "capacity": max(block["capacity"]["runs"])}
+
+    out = {"split": med["split"], "cores": cores, "runs": med["runs"], **leg(med)}
+    if "sip" in med:
+        out["sip"] = leg(med["sip"])
+    return out
 
 
 def main() -> None:
@@ -221,7 +258,14 @@ def main() -> None:
                     help="leave the replay leg's OUT.wav files and reports in this folder (KEEP/n<N>/)")
     ap.add_argument("--sip", action="store_true",
                     help="also dial every round through the SIP bridge with sipp (PCMU; needs root and sipp)")
+    ap.add_argument("--plot-medians", type=Path,
+                    help="run nothing: draw --plot from this bench/median_runs.py JSON of several capacity runs")
     args = ap.parse_args()
+    if args.plot_medians:
+        if not args.plot:
+            ap.error("--plot-medians needs --plot")
+        plot(from_medians(json.loads(args.plot_medians.read_text()), os.cpu_count() or 1), args.plot, args.p95_ms)
+        return
     out = {"machine": machine.cpu(), **asyncio.run(run(args))}
     if args.plot:
         plot(out, args.plot, args.p95_ms)
