@@ -97,9 +97,11 @@ async def replay_round(
 
 async def until_admitting(agent: Any, limit_s: float = 15.0) -> None:
     """Wait until the agent would take a phone call: no call still live, and no event-loop lag
-    or engine queue that its admission reads as overload. Between rounds the bench itself has
-    just decoded the captured RTP on the loop; a round must start on an idle box, or its first
-    INVITE gets 503 (agent.overload_lag_ms looks back agent.overload_window_s)."""
+    or engine queue that its admission reads as overload (agent.overload_lag_ms looks back
+    agent.overload_window_s, and the bench has just decoded the last round's RTP on the loop).
+    A round must start on an idle box: a refused INVITE (486/503) stops the run. One run stopped
+    so at its first SIP round of 4 (sipp: "unexpected message"), before this wait; the cause
+    was not established, and in the next run the wait was never needed."""
     adm, cfg = agent.admission, agent.cfg.agent
     adm.lag.ensure_running()
     t0 = time.monotonic()
