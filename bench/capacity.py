@@ -113,8 +113,9 @@ async def until_admitting(agent: Any, limit_s: float = 15.0) -> None:
             print(f"the agent is still not admitting after {limit_s:.0f} s: {state}", flush=True)
             return
         await asyncio.sleep(0.1)
-    if time.monotonic() - t0 > 0.05:
-        print(f"waited {time.monotonic() - t0:.1f} s for the agent to admit calls", flush=True)
+    waited = time.monotonic() - t0
+    if waited > 0.05:
+        print(f"waited {waited:.1f} s for the agent to admit calls", flush=True)
 
 
 async def sip_round_judged(agent: Any, rnd: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
@@ -227,14 +228,14 @@ def plot(out: dict[str, Any], path: Path, p95_bound_ms: float) -> None:
     plt.close(fig)
 
 
-def from_medians(med: dict[str, Any], cores: int) -> dict[str, Any]:
+def from_medians(med: dict[str, Any]) -> dict[str, Any]:
     """bench/median_runs.py's medians of capacity runs, in the shape `plot` draws: each level's
     median figures, and the largest capacity any run found."""
     def leg(block: dict[str, Any]) -> dict[str, Any]:
         return {"curve": [{k: v["median"] for k, v in row.items()} for row in block["curve"]],
                 "capacity": max(block["capacity"]["runs"])}
 
-    out = {"split": med["split"], "cores": cores, "runs": med["runs"], **leg(med)}
+    out = {"split": med["split"], "cores": med.get("cores") or "?", "runs": med["runs"], **leg(med)}
     if "sip" in med:
         out["sip"] = leg(med["sip"])
     return out
@@ -266,7 +267,7 @@ def main() -> None:
     if args.plot_medians:
         if not args.plot:
             ap.error("--plot-medians needs --plot")
-        plot(from_medians(json.loads(args.plot_medians.read_text()), os.cpu_count() or 1), args.plot, args.p95_ms)
+        plot(from_medians(json.loads(args.plot_medians.read_text())), args.plot, args.p95_ms)
         return
     out = {"machine": machine.cpu(), **asyncio.run(run(args))}
     if args.plot:

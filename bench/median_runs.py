@@ -60,6 +60,7 @@ def curve_medians(curves: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"runs": len(runs), "split": runs[0].get("split"), "machine": runs[0].get("machine")}
     if "curve" in runs[0]:
+        out["cores"] = runs[0].get("cores")
         out["curve"] = curve_medians([r["curve"] for r in runs])
         out["capacity"] = {"runs": [r["capacity"] for r in runs]}
         if all(isinstance(r.get("sip"), dict) for r in runs):
