@@ -37,6 +37,8 @@ def stop_on_signals() -> asyncio.Event:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
+        # loops without signal support (Windows' proactor) raise this; there Ctrl-C still
+        # arrives as KeyboardInterrupt, and the server's finally blocks close it
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     return stop
