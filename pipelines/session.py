@@ -116,7 +116,10 @@ class CallSession(SpeculationPath, OwnWords):
             vad = VadSegmenter(WebRtcVad(cfg.vad.aggressiveness, ASR_RATE, cfg.vad.frame_ms),
                                cfg.vad.start_ms, cfg.vad.stop_ms, gate)
         self.vad = vad
-        self.asr = StreamingASR(engines.asr.transcribe, drafts=engines.asr.drafts, workers=workers_of(engines.asr))
+        self.asr = StreamingASR(
+            engines.asr.transcribe, drafts=engines.asr.drafts, quick_partials=engines.asr.quick_partials,
+            workers=workers_of(engines.asr),
+        )
         self.endpointer = Endpointer(cfg.turn)
         self._resamplers: dict[int, StreamResampler] = {}
         self._levels = LevelTrack()  # recent caller levels: where the caller's speech truly ended

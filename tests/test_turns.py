@@ -55,6 +55,7 @@ class FakeAsr:
     """Recognises a segment's words from its amplitude (segment k is played at 1000*(k+1))."""
 
     drafts = False  # takes no draft of the previous hypothesis (WhisperEngine.drafts)
+    quick_partials = False  # no thorough= (WhisperEngine.quick_partials)
 
     def __init__(self, segs: list[Seg], clock: AudioClock | None = None, latency_s: float = 0.0) -> None:
         self.segs = segs

@@ -99,6 +99,9 @@ def test_a_short_word_on_a_phone_line_is_not_taken_for_no_speech(engines) -> Non
     heard = engines.asr.transcribe(word)
     assert "semi" in heard.text.lower() and heard.no_speech_prob < 0.5, heard
     assert engines.asr.transcribe(line(np.zeros(8000))).text == ""
+    # a partial nobody waits on skips the 30 s window: no words yet, marked provisional
+    quick = engines.asr.transcribe(word, thorough=False)
+    assert quick.text == "" and quick.provisional and quick.window_s < 30.0, quick
 
 
 def test_adaptive_window_fits_the_audio(engines) -> None:
@@ -180,6 +183,44 @@ class FakeLengthTranscriber:
 
         self.lengths.append(len(audio))
         return TranscriptResult(f"words{len(audio) // 16000}.", 0.0, 8.0)
+
+
+class FakeQuickTranscriber:
+    """A fake engine (this test isolates the streaming policy): without ``thorough`` it gives
+    a provisional no-words result, as WhisperEngine does where only the 30 s window would hear
+    the word; records which way each call ran."""
+
+    def __init__(self) -> None:
+        self.thorough: list[bool] = []
+
+    def __call__(self, audio: np.ndarray, thorough: bool = True):
+        from voice.asr import TranscriptResult
+
+        self.thorough.append(thorough)
+        if not thorough:
+            return TranscriptResult("", 0.0, 3.0, provisional=True)
+        return TranscriptResult("Semicolon.", 0.0, 30.0)
+
+
+async def test_a_partial_ahead_of_need_is_quick_and_a_waited_hypothesis_decodes_it_again() -> None:
+    from voice.workers import AHEAD
+
+    fake = FakeQuickTranscriber()
+    s = StreamingASR(fake, quick_partials=True)
+    s.reset(0.0)
+    s.insert_audio(np.zeros(16000, np.int16))
+    u = await s.process_iter(AHEAD)
+    assert u.partial == "" and s.peek_cached() is None  # provisional: not the hypothesis of this audio
+    assert (await s.finish()).partial == "Semicolon."  # the same audio, now thoroughly
+    assert fake.thorough == [False, True]
+    assert s.peek_cached() == "Semicolon."
+    assert (await s.process_iter(AHEAD)).partial == "Semicolon."  # a thorough result serves both
+    assert fake.thorough == [False, True]
+    plain = FakeQuickTranscriber()
+    s = StreamingASR(plain)  # an engine that does not take thorough=: always thorough
+    s.reset(0.0)
+    s.insert_audio(np.zeros(16000, np.int16))
+    assert (await s.process_iter(AHEAD)).partial == "Semicolon." and plain.thorough == [True]
 
 
 async def _three_seconds_transcribed(fake: FakeLengthTranscriber) -> StreamingASR:

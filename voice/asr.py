@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -76,6 +76,10 @@ class TranscriptResult:
     # the two's probability (draft decoder only): "...prudently" that nearly read "...prudently in"
     near_next: str | None = None
     near_share: float = 0.0
+    # decoded without the 30 s window's checks (`WhisperEngine.transcribe`, ``thorough=False``):
+    # a short window's "no speech" or loop was not looked at again, so the text is "" there.
+    # Good enough for a partial nobody waits on; a hypothesis somebody waits on decodes again.
+    provisional: bool = False
 
 
 def default_model_path() -> Path:
@@ -169,6 +173,9 @@ class WhisperEngine:
         """Whether `transcribe` makes use of a ``draft`` (the previous hypothesis)."""
         return self.draft_decoder is not None
 
+    # `transcribe` takes ``thorough=False`` (`StreamingASR.quick_partials`)
+    quick_partials = True
+
     def warmup(self) -> None:
         noise = (np.random.default_rng(0).standard_normal(SAMPLE_RATE) * 0.01).astype(np.float32)
         self.transcribe(noise)
@@ -203,20 +210,25 @@ class WhisperEngine:
         return 30.0
 
     def transcribe(
-        self, audio: np.ndarray, window_s: float | None = None, draft: str | None = None
+        self, audio: np.ndarray, window_s: float | None = None, draft: str | None = None, thorough: bool = True
     ) -> TranscriptResult:
         """Blocking. ``audio`` is float32 mono at 16 kHz. ``window_s`` fixes the window (30 =
         faster-whisper's path); by default it adapts to the audio length (`window_for`).
         ``draft``, the text an earlier hypothesis of the same audio's start gave, lets the torch decoder
         (``asr.draft_decoder``) check it in one pass instead of decoding it token by token; the
-        text is still what greedy decoding gives, not the draft."""
+        text is still what greedy decoding gives, not the draft. ``thorough=False`` never runs
+        the 30 s window (0.35 s alone, over a second with four calls on two cores): a short
+        window's "no speech" is not looked at again and a loop it cannot cut back is not
+        decoded again; both give "" marked `TranscriptResult.provisional`."""
         audio_s = len(audio) / SAMPLE_RATE
         t0 = time.perf_counter()
         if len(audio) == 0:
             return TranscriptResult("", 0.0, self.window_for(0.0, window_s))
         window = self.window_for(audio_s, window_s)
         if window < 30.0:
-            text, nsp, drafted, near, capped = self._short_window(audio, window, draft)
+            text, nsp, drafted, near, capped = self._short_window(audio, window, draft, thorough)
+            if text is None:  # no speech, by the short window alone
+                return TranscriptResult("", time.perf_counter() - t0, window, no_speech_prob=nsp, provisional=True)
             twice = self.window_for(audio_s, min_window_s=self.cfg.twice_window_s)
             if self.cfg.twice_window_s and twice > window and said_twice(text):
                 # a short window's classic failure on a short turn: the turn said twice over
@@ -224,7 +236,9 @@ class WhisperEngine:
                 # removed.", "November. November"); the longer window hears it once, and is
                 # taken whatever it says ("five five" stays "5, 5")
                 window = twice
-                text, nsp, drafted, near, capped = self._short_window(audio, window, None)
+                text, nsp, drafted, near, capped = self._short_window(audio, window, None, thorough)
+                if text is None:
+                    return TranscriptResult("", time.perf_counter() - t0, window, no_speech_prob=nsp, provisional=True)
             # A loop: the guard's (a third round, more words than anyone says, or decoding
             # stopped at max_length), or a phrase said twice and begun a third time as the audio
             # ends ("10 of clubs. 10 of clubs. 10" for one "10 of clubs", then end-of-text). Its
@@ -241,6 +255,8 @@ class WhisperEngine:
                     text, time.perf_counter() - t0, window, no_speech_prob=nsp, drafted=drafted,
                     near_next=near[0], near_share=near[1],
                 )
+            if not thorough:
+                return TranscriptResult("", time.perf_counter() - t0, window, no_speech_prob=nsp, provisional=True)
         text = self._full_window(audio)
         return TranscriptResult(text, time.perf_counter() - t0, 30.0, fell_back=window < 30.0)
 
@@ -258,8 +274,10 @@ class WhisperEngine:
             return " ".join(s.text.strip() for s in segments).strip()
 
     def _short_window(
-        self, audio: np.ndarray, window: float, draft: str | None
-    ) -> tuple[str, float, int, tuple[str | None, float], bool]:
+        self, audio: np.ndarray, window: float, draft: str | None, thorough: bool = True
+    ) -> tuple[str | None, float, int, tuple[str | None, float], bool]:
+        """(text, no-speech probability, tokens drafted, near word, capped); the text is None
+        where the window heard no speech and, not ``thorough``, the 30 s window was not asked."""
         d = self._decode(audio, window, draft)
         if (d.nsp > NO_SPEECH_PROB and d.avg_logprob < NO_SPEECH_LOGPROB) or d.nsp >= NO_SPEECH_SURE:
             # a click, a breath or a cough that Whisper would still put words on ("Perfect.",
@@ -268,6 +286,8 @@ class WhisperEngine:
             # faster-whisper's rule there: it keeps a breath's "Thank you." at no-speech 0.79
             # and log-probability -0.89)
             if self.cfg.second_look and window < 30.0 and len(audio) >= SECOND_LOOK_MIN_S * SAMPLE_RATE:
+                if not thorough:
+                    return None, d.nsp, d.drafted, (None, 0.0), False
                 again = self._decode(audio, 30.0, None)
                 log.debug("asr second look on %.2f s: no-speech %.2f -> %.2f, %r",
                           len(audio) / SAMPLE_RATE, d.nsp, again.nsp, again.text)
@@ -367,6 +387,10 @@ class StreamingASR:
     # the engine takes ``draft=`` (WhisperEngine.drafts): each hypothesis hands the newest
     # earlier one of the same stretch of audio to the decoder to check in one pass
     drafts: bool = False
+    # the engine takes ``thorough=`` (WhisperEngine.quick_partials): a partial run ahead of need
+    # (`AHEAD`) skips the 30 s window's checks, and a result that needed them
+    # (`TranscriptResult.provisional`) is decoded again, thoroughly, when somebody waits on it
+    quick_partials: bool = False
     workers: EngineWorkers = SHARED  # the engine's worker threads (`voice.workers`)
     pre_roll_s: float = 0.2
     max_utterance_s: float = 28.0
@@ -452,17 +476,18 @@ class StreamingASR:
     async def _run(self, priority: int = NOW) -> tuple[TranscriptResult, float]:
         n = self._samples
         end = self.audio_end
-        if self._cache is not None and self._cache[0] == n:
+        if self._cache is not None and self._cache[0] == n and not (self._cache[1].provisional and priority == NOW):
             return self._cache[1], end
         # the cut as it is now: one made while Whisper runs (at a newer hypothesis that finished
         # first) is not this hypothesis's, whose audio starts at the old cut
         fixed_n, fixed_text = self._fixed_samples, self._fixed_text
         audio = self._buffer()[fixed_n:n]
+        kwargs: dict[str, Any] = {}
         if self.drafts:
-            draft = self._draft[1] if self._draft is not None and self._draft[0] == fixed_n else None
-            res = await self.workers.run(self.transcribe, audio, draft=draft, priority=priority)
-        else:
-            res = await self.workers.run(self.transcribe, audio, priority=priority)
+            kwargs["draft"] = self._draft[1] if self._draft is not None and self._draft[0] == fixed_n else None
+        if self.quick_partials and priority != NOW:
+            kwargs["thorough"] = False
+        res = await self.workers.run(self.transcribe, audio, priority=priority, **kwargs)
         own = res.text
         if fixed_text:
             res = replace(res, text=f"{fixed_text} {res.text}".strip())
@@ -478,6 +503,8 @@ class StreamingASR:
         """A hypothesis of the utterance so far. ``priority`` `voice.workers.AHEAD` for a partial
         nobody waits on yet (the caller is still speaking): it queues behind other calls' finals."""
         res, end = await self._run(priority)
+        if res.provisional:  # no words by the short window alone: nothing to agree with
+            return AsrUpdate("", " ".join(self._stable), end, res.seconds)
         words = res.text.split()
         k = agreed_prefix(self._prev_words, words)
         if k > len(self._stable):
@@ -499,7 +526,8 @@ class StreamingASR:
         return None
 
     def peek_cached(self) -> str | None:
-        """The hypothesis for exactly the audio buffered now, if one was already computed."""
-        if self._cache is not None and self._cache[0] == self._samples:
+        """The hypothesis for exactly the audio buffered now, if one was already computed (and
+        not left provisional)."""
+        if self._cache is not None and self._cache[0] == self._samples and not self._cache[1].provisional:
             return self._cache[1].text
         return None
