@@ -13,7 +13,7 @@ they pause mid-sentence. Here the wait depends on the probability that the turn 
   text instead of ending it ("...prudently" that nearly read "...prudently in", at 0.49 of the
   two's probability), the turn is judged as ending in that word (`near`, `NEAR_TRUST`);
 - an older partial that may miss the last words, or no hypothesis at all, waits as for an
-  even chance;
+  even chance; with Smart Turn's opinion, it is doubt (the longer wait);
 - the caller's own pause history stretches the waits when they often go on after a pause that
   looked like the end (``adapt_to_caller``), bounded by ``max_silence_ms``.
 """
@@ -177,7 +177,8 @@ class Endpointer:
             if c <= PRIOR_DONE["function_word"]:  # the words say unfinished: the sound cannot overrule them
                 wait = float(hi)
             else:
-                agree = c >= AGREE and audio_prob >= AGREE
+                # no words yet, or words that may miss the last ones, are no agreement
+                agree = text is not None and not stale and c >= AGREE and audio_prob >= AGREE
                 wait = self.cfg.agree_silence_ms if agree else self.cfg.disagree_silence_ms
             return float(min(wait, self.cfg.max_silence_ms))
         doubt = min(1.0, max(0.0, (P_SURE - c) / P_SURE))

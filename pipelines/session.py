@@ -612,6 +612,8 @@ class CallSession(SpeculationPath, OwnWords):
                                                            audio_prob=audio_prob)
             reason = "partial"
         else:
+            if self._covering_asr_in_flight() and silence_ms < self.cfg.turn.max_silence_ms:
+                return  # the first words of the turn are on their way: decide on them
             required = self.endpointer.required_silence_ms(None, audio_prob=audio_prob)
             reason = "no-hypothesis"
         if silence_ms >= required:

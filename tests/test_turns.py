@@ -679,3 +679,7 @@ def test_smart_turn_and_the_words_must_agree_before_the_shortest_wait() -> None:
     assert ep.required_silence_ms("Your call", lm_prob=0.1, audio_prob=0.95) == cfg.disagree_silence_ms
     # a trailing function word waits the longest, whatever the sound says
     assert ep.required_silence_ms("I would like to book the", audio_prob=0.99) == cfg.incomplete_silence_ms
+    # no words yet, or an older partial that may miss the last ones: doubt, however sure the sound
+    assert ep.required_silence_ms(None, audio_prob=0.99) == cfg.disagree_silence_ms
+    assert ep.required_silence_ms(done, stale=True, audio_prob=0.99) == cfg.disagree_silence_ms
+    assert ep.required_silence_ms("I would like to book the", stale=True, audio_prob=0.99) == cfg.incomplete_silence_ms
