@@ -592,6 +592,11 @@ class CallSession(SpeculationPath, OwnWords):
         if not heard and silence_ms < self.cfg.turn.max_silence_ms:
             return  # Smart Turn's opinion of this pause is a few ms away
         text = self._hypothesis_now()
+        if text is None and self._covering_asr_in_flight() and silence_ms < self.cfg.turn.max_silence_ms:
+            # the transcript of all the speech is on its way, and the reply needs it anyway:
+            # decide on it rather than on an older partial or on no words (a slow ASR made 300
+            # ms waits on stale words here, then the final transcript came after the commit)
+            return
         if text is not None:
             known, lm_prob = self.turn_end.get(text)
             if not known and silence_ms < self.cfg.turn.max_silence_ms:
@@ -601,19 +606,12 @@ class CallSession(SpeculationPath, OwnWords):
             shortest = self.cfg.turn.min_silence_ms if audio_prob is None else self.cfg.turn.agree_silence_ms
             reason = "complete" if required <= shortest else "incomplete-wait"
         elif self._last_partial is not None:
-            if self._covering_asr_in_flight() and silence_ms < self.cfg.turn.max_silence_ms:
-                # the transcript of all the speech is on its way, and the reply needs it anyway:
-                # decide on it rather than on an older partial (a slow ASR made 300 ms waits
-                # on stale words here, then the final transcript came after the commit)
-                return
             # Only an older partial: it is evidence, but it may miss the last words, so it can
             # shorten the wait to the middle ground and no further.
             required = self.endpointer.required_silence_ms(self._last_partial[1], stale=True,
                                                            audio_prob=audio_prob)
             reason = "partial"
         else:
-            if self._covering_asr_in_flight() and silence_ms < self.cfg.turn.max_silence_ms:
-                return  # the first words of the turn are on their way: decide on them
             required = self.endpointer.required_silence_ms(None, audio_prob=audio_prob)
             reason = "no-hypothesis"
         if silence_ms >= required:
