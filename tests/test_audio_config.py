@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import soundfile as sf
@@ -75,6 +77,14 @@ def test_bad_audio_inputs(tmp_path) -> None:
     sf.write(zero, np.zeros((0, 1), dtype=np.int16), 16000)
     with pytest.raises(AudioInputError, match="zero samples"):
         read_wav(zero)
+    slow = tmp_path / "seven_hz.wav"
+    sf.write(slow, np.zeros(70, dtype=np.int16), 7)
+    with pytest.raises(AudioInputError, match="sample rate 7 Hz is below 8000 Hz"):
+        read_wav(slow)
+    nan = tmp_path / "nan.wav"
+    sf.write(nan, np.full(1600, np.nan, dtype=np.float32), 16000, subtype="FLOAT")
+    with pytest.raises(AudioInputError, match="NaN or infinite"):
+        read_wav(nan)
 
 
 def test_config_rejects_unknown_and_invalid_keys(tmp_path) -> None:
@@ -102,3 +112,19 @@ def test_shipped_config_is_valid() -> None:
     cfg = load_config("config.yaml")
     b = cfg.budgets
     assert b.endpoint_ms + b.asr_final_ms + b.llm_block_ms + b.tts_first_audio_ms + b.output_ms <= b.target_gap_ms
+
+
+async def test_replay_pcm_refuses_a_rate_under_8_khz_and_frees_its_seat() -> None:
+    from pipelines.agent import Agent
+    from pipelines.config import AgentConfig
+    from pipelines.replay import replay_pcm
+
+    # a fake: engines with no models, as the rate is checked before anything is set up for the call
+    no_engines = SimpleNamespace(asr=None, responder=None, tts=None, turn_audio=None)
+    agent = Agent(parse_config({"cache": {"enabled": False}}), engines=no_engines)  # type: ignore[arg-type]
+    assert isinstance(agent.cfg, AgentConfig)
+    seat = agent.admission.admit("replay")
+    assert agent.admission.live == 1
+    with pytest.raises(AudioInputError, match="sample rate 4000 Hz is below 8000 Hz"):
+        await replay_pcm(agent, np.zeros(4000, np.int16), 4000, fast=True, seat=seat)
+    assert agent.admission.live == 0

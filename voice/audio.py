@@ -90,10 +90,14 @@ def int16_to_float(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float32) / 32768.0
 
 
+MIN_INPUT_RATE = 8000  # Hz: telephone audio; below it a 20 ms frame is a handful of samples
+
+
 def read_wav(path: str | Path, target_rate: int | None = None) -> tuple[np.ndarray, int]:
     """Read any soundfile-readable file as int16 mono. Stereo is mixed down.
 
-    Raises AudioInputError with a one-line reason for missing, empty or non-audio files.
+    Raises AudioInputError with a one-line reason for missing, empty or non-audio files, a
+    sample rate under `MIN_INPUT_RATE`, or samples that are not finite numbers.
     """
     p = Path(path)
     if not p.exists():
@@ -110,12 +114,19 @@ def read_wav(path: str | Path, target_rate: int | None = None) -> tuple[np.ndarr
         raise AudioInputError(f"{p}: audio has no channels")
     if info.frames == 0:
         raise AudioInputError(f"{p}: audio has zero samples")
+    if info.samplerate < MIN_INPUT_RATE:
+        raise AudioInputError(
+            f"{p}: sample rate {info.samplerate} Hz is below {MIN_INPUT_RATE} Hz, the lowest this pipeline takes "
+            "(telephone audio)"
+        )
     try:
         data, rate = sf.read(str(p), dtype="float32", always_2d=True)
     except Exception as exc:
         raise AudioInputError(f"{p}: could not decode audio ({str(exc).splitlines()[0][:120]})") from None
     if data.shape[0] == 0 or data.shape[1] == 0:
         raise AudioInputError(f"{p}: audio has zero samples")
+    if not np.isfinite(data).all():
+        raise AudioInputError(f"{p}: audio holds NaN or infinite samples (a broken float WAV)")
     mono = data.mean(axis=1)
     pcm = float_to_int16(mono)
     if target_rate is not None and target_rate != rate:
