@@ -30,6 +30,7 @@ from llm.block_decoder import BlockDiffusionDecoder, BlockOptions
 from llm.config import LlmConfig
 from llm.decoder import BlockResult, DecodeOptions, DecodeStats, generate_block, generate_blocks
 from llm.loader import EMBEDDED_MDLM, LoadedLM, ModelLoadError, load_lm
+from llm.sentence_case import sentence_case
 from llm.turn_end import PROBE_FILE, TurnEndProbe
 
 log = logging.getLogger(__name__)
@@ -194,8 +195,12 @@ class Responder:
     def _prompt(self, text: str, history: list[tuple[str, str]] | tuple = ()) -> list[int]:
         return self.lm.prompt_ids(text, self.visible_history(history), self.cfg.prompt_len)
 
+    def text_of(self, ids: list[int]) -> str:
+        """A reply's text from its tokens, each sentence begun upper case (`llm.sentence_case`)."""
+        return sentence_case(self.lm.decode(ids))
+
     def _reply(self, res: BlockResult, text: str, remasked: int = -1) -> Reply:
-        return Reply(self.lm.decode(res.ids), res.ids, res.block, res.confidence, res.stats, text, remasked)
+        return Reply(self.text_of(res.ids), res.ids, res.block, res.confidence, res.stats, text, remasked)
 
     def generate(
         self,
@@ -330,7 +335,7 @@ class Responder:
                 start.set_result(ids)
 
         def on_pass(ids: list[int]) -> bool:
-            if not ids or not ready(self.lm.decode(ids)):
+            if not ids or not ready(self.text_of(ids)):
                 return False
             loop.call_soon_threadsafe(hand_over, list(ids))
             return True
@@ -345,7 +350,7 @@ class Responder:
         if whole.done():
             return whole.result()  # it ended (or failed) before its start was handed over
         ids = start.result()
-        reply = Reply(self.lm.decode(ids), ids, ids, [], DecodeStats(), user_text)
+        reply = Reply(self.text_of(ids), ids, ids, [], DecodeStats(), user_text)
         reply.tail = asyncio.ensure_future(self._rest(whole, reply))
 
         def stop(tail: asyncio.Future[str]) -> None:  # also when cancelled before it first ran

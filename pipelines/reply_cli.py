@@ -88,7 +88,7 @@ def _run(args: argparse.Namespace) -> int:
     def first_clause(ids: list[int]) -> bool:
         """A call hands a streamed reply to speech here (the session's rule), and from then on
         the deadline only ends it at a sentence end."""
-        return first_part_ready(responder.lm.decode(ids), cfg.tts.max_first_words, cfg.tts.split_clauses)
+        return first_part_ready(responder.text_of(ids), cfg.tts.max_first_words, cfg.tts.split_clauses)
 
     streamed = first_clause if responder.streams else None
     rows = []

@@ -76,6 +76,7 @@ def test_reply_ends_within_the_block_and_is_clean_text(responder, heldout: list)
     replies = [responder.generate(p.prompt) for p in heldout[:6]]
     for r in replies:
         assert r.text and r.text == r.text.strip()
+        assert not r.text[0].islower(), r.text  # sentence case (llm.sentence_case)
         assert "<mask>" not in r.text and "<eot>" not in r.text and "<pad>" not in r.text
         assert sp.mask not in r.block
     assert sum(sp.eot in r.block for r in replies) >= 4  # most replies end inside the block
