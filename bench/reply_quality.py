@@ -39,8 +39,6 @@ import argparse
 import gzip
 import json
 import os
-import random
-import re
 import statistics
 import subprocess
 import sys
@@ -67,8 +65,9 @@ from pipelines.config import BudgetConfig  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
 import machine  # noqa: E402
 
-SGD_SOURCE = ROOT.parent / "shared" / "data" / "sgd-dialogues.jsonl.gz"
-SGD_PER_SPLIT = 100
+# SGD caller turns held out of training (CC BY-SA 4.0, llm/corpus/SGD-LICENSE.txt), copied out
+# of the corpus by scripts/extract_sgd.py
+SGD_HELD_OUT = ROOT / "bench" / "data" / "sgd_heldout.jsonl.gz"
 SEED = 1234
 
 
@@ -82,30 +81,19 @@ class Utterance:
     reference: str | None = None
 
 
-def sgd_utterances(split: str, n: int, seed: int) -> list[Utterance]:
+def sgd_utterances(split: str) -> list[Utterance]:
     """Caller turns of SGD's own ``split`` with the system turn that answered them."""
-    if not SGD_SOURCE.exists():
-        return []
-    cands: list[Utterance] = []
-    with gzip.open(SGD_SOURCE, "rt", encoding="utf-8") as f:
-        for line in f:
-            d = json.loads(line)
-            if d["split"] != split:
-                continue
-            turns = d["turns"]
-            for a, b in zip(turns, turns[1:], strict=False):
-                if a["speaker"] == "user" and b["speaker"] == "system" and not re.search(r"\d", b["text"]):
-                    cands.append(Utterance(a["text"].strip(), b["text"].strip()))
-    rng = random.Random(seed)
-    rng.shuffle(cands)
-    return cands[:n]
+    if not SGD_HELD_OUT.exists():
+        raise SystemExit(f"{SGD_HELD_OUT.relative_to(ROOT)} is missing: run scripts/extract_sgd.py")
+    with gzip.open(SGD_HELD_OUT, "rt", encoding="utf-8") as f:
+        return [Utterance(d["prompt"], d["reference"]) for d in map(json.loads, f) if d["split"] == split]
 
 
 def held_out(split: str) -> list[Utterance]:
     trained = {_norm(p.prompt) for p in all_pairs(SEED)} | {_norm(p.prompt) for p in sgd_pairs()}
     own = [Utterance(t.strip()) for t in (ROOT / "bench" / "data" / f"caller_{split}.txt").read_text().splitlines()]
     out, seen = [], set()
-    for u in own + sgd_utterances(split, SGD_PER_SPLIT, SEED):
+    for u in own + sgd_utterances(split):
         k = _norm(u.text)
         if u.text and k not in trained and k not in seen:
             seen.add(k)

@@ -1,6 +1,7 @@
 """Copy the caller -> assistant pairs that training uses out of the Schema-Guided Dialogue
-corpus (CC BY-SA 4.0, ../shared/data/sgd-dialogues.jsonl.gz) into llm/corpus/, so a clean
-clone can retrain without the shared folder.
+corpus (CC BY-SA 4.0, ../shared/data/sgd-dialogues.jsonl.gz) into llm/corpus/, and the held-out
+caller turns that bench/reply_quality.py scores into bench/data/, so a clean clone can retrain
+and measure without the shared folder.
 
     python scripts/extract_sgd.py [--src PATH]
 
@@ -11,6 +12,11 @@ only invent) and at most 24 words. Output: one JSON object per line, {"prompt", 
 request), "last" (the caller's closing and the goodbye) or "middle" (a reply that answers
 what the assistant had asked before, such as "Yes." -> "Your reservation is confirmed.");
 a pair found at several places takes the first of first, last, middle.
+
+Held out (``bench/data/sgd_heldout.jsonl.gz``): from SGD's dev and test splits, never trained
+on, every user turn with the system turn that answered it where that reply has no digits,
+shuffled (seed 1234) and the first 100 of each split kept, in that order: {"split", "prompt",
+"reference"}.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import random
 import re
 from pathlib import Path
 
@@ -26,6 +33,31 @@ DEFAULT_SRC = ROOT.parent / "shared" / "data" / "sgd-dialogues.jsonl.gz"
 OUT = ROOT / "llm" / "corpus" / "sgd_pairs.jsonl.gz"
 _DIGIT = re.compile(r"\d")
 _PLACES = ("first", "last", "middle")
+HELD_OUT = ROOT / "bench" / "data" / "sgd_heldout.jsonl.gz"
+HELD_OUT_PER_SPLIT = 100
+HELD_OUT_SEED = 1234
+
+
+def held_out(src: Path, split: str) -> list[dict[str, str]]:
+    """The caller turns of SGD's ``split`` that bench/reply_quality.py scores, in its order."""
+    cands: list[dict[str, str]] = []
+    with gzip.open(src, "rt", encoding="utf-8") as f:
+        for line in f:
+            d = json.loads(line)
+            if d["split"] != split:
+                continue
+            turns = d["turns"]
+            for a, b in zip(turns, turns[1:], strict=False):
+                if a["speaker"] == "user" and b["speaker"] == "system" and not _DIGIT.search(b["text"]):
+                    cands.append({"split": split, "prompt": a["text"].strip(), "reference": b["text"].strip()})
+    random.Random(HELD_OUT_SEED).shuffle(cands)
+    return cands[:HELD_OUT_PER_SPLIT]
+
+
+def write_jsonl_gz(path: Path, rows: list[dict[str, str]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.GzipFile(path, "wb", mtime=0) as gz:
+        gz.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode())
 
 
 def main() -> None:
@@ -50,10 +82,11 @@ def main() -> None:
                 row = rows.setdefault(key, {"prompt": key[0], "response": reply, "at": at})
                 if _PLACES.index(at) < _PLACES.index(row["at"]):
                     row["at"] = at
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.GzipFile(OUT, "wb", mtime=0) as gz:
-        gz.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows.values()).encode())
+    write_jsonl_gz(OUT, list(rows.values()))
     print(f"{len(rows)} pairs -> {OUT.relative_to(ROOT)}")
+    held = held_out(args.src, "dev") + held_out(args.src, "test")
+    write_jsonl_gz(HELD_OUT, held)
+    print(f"{len(held)} held-out caller turns -> {HELD_OUT.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -39,3 +39,24 @@ def test_replies_do_not_stutter_and_differ(replies: list[tuple[str, str]]) -> No
     assert len(stutters) <= 1, stutters
     assert len({r.lower() for _, r in replies}) >= 0.6 * len(replies)
     assert all(r.strip() for _, r in replies)
+
+
+def test_the_bench_splits_are_in_the_repo_and_never_trained_on() -> None:
+    """bench/reply_quality.py scores the same lines in any clone: its SGD turns are committed
+    (bench/data/sgd_heldout.jsonl.gz), and no line of either split is a training prompt."""
+    import sys
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    sys.path.insert(0, str(bench))
+    try:
+        import reply_quality as rq
+    finally:
+        sys.path.remove(str(bench))
+    from llm.data import sgd_pairs
+
+    trained = {rq._norm(p.prompt) for p in sgd_pairs()}
+    for split, n, sgd in (("dev", 166, 70), ("test", 214, 58)):
+        lines = rq.held_out(split)
+        assert len(lines) == n, split
+        assert sum(u.reference is not None for u in lines) == sgd, split  # SGD turns, with SGD's reply
+        assert not {rq._norm(u.text) for u in lines} & trained, split
