@@ -17,6 +17,7 @@ from transformers import ModernBertConfig, ModernBertForMaskedLM, PreTrainedToke
 from llm.decoder import DecodeOptions, generate_block
 from llm.loader import EMBEDDED, EMBEDDED_MDLM, ModelLoadError, load_lm, native_bf16, torch_dtype
 from llm.responder import Responder
+from llm.sentence_case import sentence_case
 from pipelines.config import LlmConfig
 
 torch.set_num_threads(1)
@@ -191,7 +192,8 @@ def test_local_masked_lm_directory_loads_and_generates(tmp_path: Path) -> None:
     reply = Responder(lm, cfg).generate("how are you")
     assert len(reply.block) == 12 and tok.mask_token_id not in reply.block
     assert tok.mask_token_id not in reply.ids and tok.cls_token_id not in reply.ids
-    assert reply.text == tok.decode(reply.ids, skip_special_tokens=True).strip()
+    # the text is the tokens', each sentence begun upper case (llm.sentence_case)
+    assert reply.text == sentence_case(tok.decode(reply.ids, skip_special_tokens=True).strip())
 
 
 def test_history_goes_through_the_chat_template(tmp_path: Path) -> None:
