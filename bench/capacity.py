@@ -118,8 +118,16 @@ async def until_admitting(agent: Any, limit_s: float = 15.0) -> None:
         print(f"waited {waited:.1f} s for the agent to admit calls", flush=True)
 
 
-async def sip_round_judged(agent: Any, rnd: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
-    """One round of phone calls from sipp (bench/capacity_sip.py), judged from what went out on the wire."""
+# the SIP bridge's receive counters summed over a level's calls (`CallRecord.media["rx"]`):
+# packets that came after their frame was played, lost, and frames the adaptive buffer grew by
+RX_COUNTERS = {"rx_late": "late", "rx_lost": "lost", "rx_grown": "grown"}
+
+
+async def sip_round_judged(
+    agent: Any, rnd: list[dict[str, Any]], rx: dict[str, int]
+) -> tuple[list[dict[str, Any]], int]:
+    """One round of phone calls from sipp (bench/capacity_sip.py), judged from what went out on the wire;
+    the bridge's receive counters are added to ``rx``."""
     from capacity_sip import RATE, sip_round
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,6 +136,8 @@ async def sip_round_judged(agent: Any, rnd: list[dict[str, Any]]) -> tuple[list[
     for c in rnd:
         judged += judge(heard[c["id"]], RATE, c["truth"]["turns"], c.get("caller_db"))
     violations = sum((r.report or {}).get("summary", {}).get("violations", 0) for r in records)
+    for key, field in RX_COUNTERS.items():
+        rx[key] = rx.get(key, 0) + sum(int(r.media.get("rx", {}).get(field, 0)) for r in records)
     return judged, violations
 
 
@@ -136,12 +146,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from pipelines.config import AgentConfig, load_config
     from pipelines.replay_concurrent import current_rss_mb
 
-    legs = {"replay": replay_round}
+    legs = ["replay"]
     if args.sip:
         from capacity_sip import check_available
 
         check_available()
-        legs["sip"] = sip_round_judged
+        legs.append("sip")
     cfg = load_config(args.config) if args.config else AgentConfig()
     cfg.cache.enabled = False  # the set's clips recur across calls: measure fresh replies
     cfg.agent.max_calls = max(cfg.agent.max_calls, *args.levels)
@@ -153,20 +163,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"engines loaded in {time.monotonic() - t_load:.1f} s; {len(calls)} calls in {args.split}", flush=True)
     curves: dict[str, list[dict[str, Any]]] = {leg: [] for leg in legs}
     try:
-        for leg, round_fn in legs.items():
+        for leg in legs:
             for n in args.levels:
                 judged: list[dict[str, Any]] = []
                 cpu_s = wall_s = 0.0
                 violations = 0
+                rx: dict[str, int] = {}
                 offset = 0 if args.same_calls else n
                 for i, rnd in enumerate(rounds_for(calls, n, args.calls_per_level, offset=offset)):
                     cpu0, t0 = time.process_time(), time.monotonic()
-                    if leg == "replay" and args.keep is not None:
-                        j, v = await replay_round(agent, rnd, args.keep / f"n{n}")
+                    if leg == "replay":
+                        j, v = await replay_round(agent, rnd, args.keep / f"n{n}" if args.keep is not None else None)
                     else:
-                        if leg == "sip":
-                            await until_admitting(agent)
-                        j, v = await round_fn(agent, rnd)
+                        await until_admitting(agent)
+                        j, v = await sip_round_judged(agent, rnd, rx)
                     cpu_s += time.process_time() - cpu0
                     wall_s += time.monotonic() - t0
                     judged += j
@@ -177,7 +187,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                        "missed": j["missed"], "turns": len(judged), "joins_talked_over": j["joins_talked_over"],
                        "overlap_max_ms": j["overlap_max_ms"],
                        "violations": violations, "cpu": round(cpu_s / wall_s, 3),
-                       "rss_mb": round(current_rss_mb(), 1)}
+                       "rss_mb": round(current_rss_mb(), 1), **rx}
                 curves[leg].append(row)
                 print(leg, json.dumps(row), flush=True)
     finally:

@@ -71,7 +71,9 @@ async def sip_round(agent: Any, calls: list[dict[str, Any]], work: Path) -> tupl
     from pipelines.config import SipConfig
     from voice.transports.sip.server import SipServer
 
-    server = SipServer(agent, SipConfig(bind="127.0.0.1:0", rtp_ports=RTP_PORTS))
+    # the agent's own sip settings (--config), on a free port and the bench's RTP range
+    server = SipServer(agent, SipConfig(**{**agent.cfg.sip.model_dump(), "bind": "127.0.0.1:0",
+                                           "rtp_ports": RTP_PORTS, "max_calls": None}))
     await server.start()
     dials = []
     taken = set(range(*RTP_PORTS))  # ports free now are not reserved: no two sipps may pick the same

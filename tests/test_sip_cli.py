@@ -26,6 +26,10 @@ def test_config_file_sip_section_is_used_and_overridden(tmp_path):
     conf.write_text("sip:\n  max_calls: 7\n  jitter_ms: 80\n  answer_delay_ms: 500\n")
     cfg = configure(build_parser().parse_args(["serve", "sip", "--config", str(conf), "--max-calls", "3"]))
     assert (cfg.sip.max_calls, cfg.sip.jitter_ms, cfg.sip.answer_delay_ms) == (3, 80, 500)
+    assert cfg.sip.jitter_min_ms == 20  # adaptive by default
+    conf.write_text("sip:\n  jitter_ms: 40\n  jitter_min_ms: 60\n")
+    with pytest.raises(ConfigError, match=r"sip.*jitter_min_ms \(60\) must not exceed jitter_ms \(40\)"):
+        configure(build_parser().parse_args(["serve", "sip", "--config", str(conf)]))
 
 
 @pytest.mark.parametrize(

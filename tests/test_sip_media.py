@@ -204,6 +204,38 @@ def test_jitter_buffer_drops_late_packets(speech8k):
     assert jb.stats.late == 1
 
 
+def test_adaptive_jitter_buffer_starts_shallow_and_grows_a_frame_per_late_packet(speech8k):
+    pcm = speech8k[: 160 * 60]
+    pk = _packets(pcm)
+    # on time: it plays after one frame (20 ms), not after the 60 ms the fixed buffer waits
+    out, kinds = _play(JitterBuffer(target_ms=60, min_ms=20), pk)
+    assert np.array_equal(out[: len(pcm)], pcm) and kinds.count(FrameKind.AUDIO) == 60
+    # packet 10 comes 40 ms late (the buffer holds 20: lost, +1 frame), packet 30 60 ms late
+    # (40: lost, +1 frame), packet 45 80 ms late (60, the most: lost, no more growth)
+    jb = JitterBuffer(target_ms=60, min_ms=20)
+    delay = {10: 2, 30: 3, 45: 4}  # ticks late
+    arrivals = sorted((i + delay.get(i, 0), i) for i in range(len(pk)))
+    results, empty_ticks = {}, 0
+    for tick in range(len(pk) + 10):
+        while arrivals and arrivals[0][0] <= tick:
+            i = arrivals.pop(0)[1]
+            results[i] = jb.push(*pk[i])
+        empty_ticks += jb.pop() is None
+    assert [i for i, r in results.items() if r == "late"] == [10, 30, 45]
+    assert jb.stats.grown == 2 and jb.target == jb.target_limit == 480  # 20 -> 60 ms, and no further
+    assert empty_ticks == 3  # the first frame's tick and one per growth: the timeline has no hole
+
+
+def test_fixed_jitter_buffer_never_grows(speech8k):
+    jb = JitterBuffer(target_ms=20)
+    pk = _packets(speech8k[: 160 * 10])
+    jb.push(*pk[0])
+    for _ in range(6):
+        jb.pop()
+    assert jb.push(*pk[1]) == "late"
+    assert jb.stats.grown == 0 and jb.target == 160
+
+
 # --- DTMF ---
 
 

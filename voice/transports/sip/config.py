@@ -23,7 +23,12 @@ class SipConfig(Section):
     codecs: list[Literal["PCMU", "PCMA"]] = Field(default_factory=lambda: ["PCMU", "PCMA"], min_length=1)
     public_address: str | None = Field(None, description="IP to advertise in SDP/Contact (behind NAT)")
     answer_delay_ms: int = Field(0, ge=0, le=60000, description="ring this long before answering")
-    jitter_ms: int = Field(60, ge=0, le=1000, description="receive jitter buffer depth")
+    jitter_ms: int = Field(
+        60, ge=0, le=1000, description="receive jitter buffer depth (adaptive: the most it grows to)")
+    jitter_min_ms: int | None = Field(
+        20, ge=0, le=1000,
+        description="adaptive receive buffer: starts this deep, one frame more per packet that came too late, up to "
+                    "jitter_ms; None: fixed at jitter_ms")
     rtp_timeout_s: float = Field(60.0, ge=0, le=3600, description="hang up after this long without RTP (0: never)")
     transfer_timeout_s: float = Field(
         30.0, gt=0, le=600, description="how long a transfer (REFER) may wait for the target to answer before the "
@@ -34,6 +39,8 @@ class SipConfig(Section):
         host, sep, port = self.bind.rpartition(":")
         if not sep or not port.isdigit() or not 0 <= int(port) <= 65535 or not host:
             raise ValueError(f"bind must be HOST:PORT, got {self.bind!r}")
+        if self.jitter_min_ms is not None and self.jitter_min_ms > self.jitter_ms:
+            raise ValueError(f"jitter_min_ms ({self.jitter_min_ms}) must not exceed jitter_ms ({self.jitter_ms})")
         lo, hi = self.rtp_ports
         if not 1024 <= lo < hi <= 65535:
             raise ValueError(f"rtp_ports must be LOW < HIGH within 1024-65535, got {lo}-{hi}")

@@ -5,6 +5,12 @@ packet size (sipp's own capture uses 30 ms packets) are handled the same way: ev
 `pop` assembles the next frame from whatever covers it. The playout cursor advances by one
 frame per tick whether or not audio arrived, which keeps the call timeline continuous and
 lets the pipeline's VAD see the silence after a caller stops sending.
+
+Its depth is the delay every caller's word waits before the pipeline hears it. Fixed
+(``min_ms`` None) it is ``target_ms`` from the first packet on; adaptive, it starts at
+``min_ms`` and grows by one frame at each packet that came too late to be played (that packet
+is lost), up to ``target_ms``. The growth is a tick with
+no frame: the pipeline's timeline stays gapless and only its lag behind the wire grows.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ class JitterStats:
     late: int = 0
     lost: int = 0  # RFC 3550: expected minus received, per source
     resyncs: int = 0
+    grown: int = 0  # adaptive: frames of delay added after late packets
     frames_audio: int = 0
     frames_concealed: int = 0
     frames_silence: int = 0
@@ -38,19 +45,24 @@ class JitterStats:
 
 
 class JitterBuffer:
-    """Fixed-target playout buffer on the RTP timestamp axis (unwrapped to an int)."""
+    """Playout buffer on the RTP timestamp axis (unwrapped to an int), fixed or adaptive."""
 
     LATE_RUN_RESYNC = 5  # consecutive late packets that mean the sender's clock moved
 
-    def __init__(self, frame_samples: int = 160, target_ms: int = 60, max_ms: int = 500, rate: int = 8000) -> None:
+    def __init__(
+        self, frame_samples: int = 160, target_ms: int = 60, max_ms: int = 500, rate: int = 8000,
+        min_ms: int | None = None,
+    ) -> None:
         self.frame = frame_samples
-        self.target = max(0, rate * target_ms // 1000)
+        self.target_limit = max(0, rate * target_ms // 1000)
+        # the depth now: the whole target, or (adaptive) the least, grown by late packets
+        self.target = self.target_limit if min_ms is None else min(self.target_limit, max(0, rate * min_ms // 1000))
         # a backlog past this is shed; a deep target keeps at least half of max_ms of room above
         # it, or a few packets ahead of the playout clock while it prebuffers are shed at once
         # (target 1000 ms with max 500: the first packets of a call were dropped after a 40 ms
         # stall of the playout loop)
         max_samples = rate * max_ms // 1000
-        self.max_depth = max(self.target + max(frame_samples, max_samples // 2), max_samples)
+        self.max_depth = max(self.target_limit + max(frame_samples, max_samples // 2), max_samples)
         self.stats = JitterStats()
         self._packets: dict[int, np.ndarray] = {}  # unwrapped timestamp -> samples
         self._cursor = 0
@@ -100,6 +112,7 @@ class JitterBuffer:
                 self.stats.late += 1
                 self._remember(seq)
                 self._count_seq(seq)
+                self._grow()
                 return "late"
         elif end - self._cursor > self.max_depth + len(pcm):
             if ext - self._ref[1] > self.max_depth:
@@ -157,6 +170,13 @@ class JitterBuffer:
             self.stats.frames_silence += 1
         self._last_kind = kind
         return out, kind
+
+    def _grow(self) -> None:
+        """A packet came after its frame was played: one more frame of delay, if the target allows."""
+        if self._playing and self.target + self.frame <= self.target_limit:
+            self.target += self.frame
+            self._delay_ticks += 1
+            self.stats.grown += 1
 
     def _new_source(self, ssrc: int, seq: int, ts: int) -> None:
         if self._ssrc is not None:

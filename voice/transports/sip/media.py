@@ -102,11 +102,13 @@ class PortPool:
 class RtpReceiver(asyncio.DatagramProtocol):
     LATCH_HOLD_S = 0.5
 
-    def __init__(self, allowed: Callable[[str], bool], clock: Clock, jitter_ms: int) -> None:
+    def __init__(
+        self, allowed: Callable[[str], bool], clock: Clock, jitter_ms: int, jitter_min_ms: int | None = None
+    ) -> None:
         self.allowed = allowed
         self.clock = clock
         self.plan: MediaPlan | None = None
-        self.jitter = JitterBuffer(FRAME, target_ms=jitter_ms, rate=RATE)
+        self.jitter = JitterBuffer(FRAME, target_ms=jitter_ms, rate=RATE, min_ms=jitter_min_ms)
         self.dtmf = DtmfReceiver(RATE)
         self.stats = ReceiveStats()
         self.digits: list[DtmfDigit] = []
@@ -177,10 +179,13 @@ class RtpReceiver(asyncio.DatagramProtocol):
 class CallMedia:
     """The RTP side of one call, from port allocation to close."""
 
-    def __init__(self, ip: str, pool: PortPool, allowed: Callable[[str], bool], clock: Clock, jitter_ms: int) -> None:
+    def __init__(
+        self, ip: str, pool: PortPool, allowed: Callable[[str], bool], clock: Clock, jitter_ms: int,
+        jitter_min_ms: int | None = None,
+    ) -> None:
         self.ip = ip
         self.pool = pool
-        self.receiver = RtpReceiver(allowed, clock, jitter_ms)
+        self.receiver = RtpReceiver(allowed, clock, jitter_ms, jitter_min_ms)
         self.clock = clock
         self.output = RtpAudioOutput(clock)
         self.port = 0

@@ -144,7 +144,7 @@ class SipServer(asyncio.DatagramProtocol):
         return f"{host}:{self.port}"
 
     def new_media(self, ip: str, clock: Clock) -> CallMedia:
-        return CallMedia(ip, self.ports, self.allowed, clock, self.config.jitter_ms)
+        return CallMedia(ip, self.ports, self.allowed, clock, self.config.jitter_ms, self.config.jitter_min_ms)
 
     def make_response(
         self, req: SipMessage, status: int, source: Addr, to_tag: str | None = None, reason: str | None = None
