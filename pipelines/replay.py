@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from pipelines.transport import AudioClock, RealtimeClock
-from voice.audio import MIN_INPUT_RATE, AudioFrame, AudioInputError, read_wav, write_wav
+from voice.audio import AudioFrame, AudioInputError, check_input_rate, read_wav, write_wav
 from voice.transports.replay import TimelineOutput
 
 TAIL_S = 2.5  # silence fed after the file so the last turn can end and be answered
@@ -25,10 +25,12 @@ async def replay_pcm(
     `Agent.admit`; none: a counted one). Returns (report, agent track). With ``vanish_at_s``
     the caller disappears then, mid-call: no more audio, and the session is closed as a
     transport closes it when its peer is gone (reason ``peer_gone``)."""
-    if rate < MIN_INPUT_RATE:
+    try:
+        check_input_rate(rate)
+    except AudioInputError:
         if seat is not None:
             seat.release()  # the call is refused before it began: its seat is free again
-        raise AudioInputError(f"sample rate {rate} Hz is below {MIN_INPUT_RATE} Hz, the lowest this pipeline takes")
+        raise
     cfg = agent.cfg
     frame_ms = frame_ms or cfg.audio.frame_ms
     clock = AudioClock() if fast else RealtimeClock()

@@ -93,6 +93,15 @@ def int16_to_float(x: np.ndarray) -> np.ndarray:
 MIN_INPUT_RATE = 8000  # Hz: telephone audio; below it a 20 ms frame is a handful of samples
 
 
+def check_input_rate(rate: int, source: str = "") -> None:
+    """AudioInputError (prefixed by ``source``) for a sample rate under `MIN_INPUT_RATE`."""
+    if rate < MIN_INPUT_RATE:
+        raise AudioInputError(
+            f"{source}sample rate {rate} Hz is below {MIN_INPUT_RATE} Hz, the lowest this pipeline takes "
+            "(telephone audio)"
+        )
+
+
 def read_wav(path: str | Path, target_rate: int | None = None) -> tuple[np.ndarray, int]:
     """Read any soundfile-readable file as int16 mono. Stereo is mixed down.
 
@@ -114,11 +123,7 @@ def read_wav(path: str | Path, target_rate: int | None = None) -> tuple[np.ndarr
         raise AudioInputError(f"{p}: audio has no channels")
     if info.frames == 0:
         raise AudioInputError(f"{p}: audio has zero samples")
-    if info.samplerate < MIN_INPUT_RATE:
-        raise AudioInputError(
-            f"{p}: sample rate {info.samplerate} Hz is below {MIN_INPUT_RATE} Hz, the lowest this pipeline takes "
-            "(telephone audio)"
-        )
+    check_input_rate(info.samplerate, f"{p}: ")
     try:
         data, rate = sf.read(str(p), dtype="float32", always_2d=True)
     except Exception as exc:
