@@ -7,6 +7,7 @@ No LiveKit server exists here, so the end-to-end test runs an `AgentSession` wit
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -32,6 +33,7 @@ from voice.asr import normalize_words
 from voice.audio import read_wav, resample
 from voice.tts import first_sentence_ready
 from voice.vad import WebRtcVad
+from voice.workers import EngineWorkers
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="module")]
 
@@ -110,10 +112,26 @@ async def agent() -> AsyncIterator[Any]:
 
 
 @needs_agent
+class RecordingEngine:
+    """The real Whisper engine behind a recorder (not a fake: every call runs the engine), on
+    its own one-thread pool: which thread ran each transcription, and with what ``thorough``."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.cfg, self.drafts, self.quick_partials = engine.cfg, engine.drafts, engine.quick_partials
+        self.workers = EngineWorkers("recorded-asr", threads=1)
+        self.calls: list[tuple[str, bool]] = []
+
+    def transcribe(self, audio: np.ndarray, **kwargs: Any) -> Any:
+        self.calls.append((threading.current_thread().name, kwargs.get("thorough", True)))
+        return self.engine.transcribe(audio, **kwargs)
+
+
 async def test_stt_stream_emits_interim_preflight_final_on_real_speech(agent: Any) -> None:
     clip = librivox()[1]  # "he was not an ill disposed young man"
     pcm, _ = read_wav(clip.path, 16000)
-    plugin = WhisperSTT(agent.asr_engine, asr=agent.cfg.asr, vad=agent.cfg.vad)
+    engine = RecordingEngine(agent.asr_engine)
+    plugin = WhisperSTT(engine, asr=agent.cfg.asr, vad=agent.cfg.vad)  # type: ignore[arg-type]
     assert plugin.capabilities.streaming and plugin.capabilities.interim_results
     stream = plugin.stream()
     events: list[stt.SpeechEvent] = []
@@ -143,6 +161,11 @@ async def test_stt_stream_emits_interim_preflight_final_on_real_speech(agent: An
     for p in preflights:  # a preflight is the caller's words at a pause: the final, or a prefix of it
         assert normalize_words(final.alternatives[0].text)[: len(normalize_words(p.alternatives[0].text))]
     await stream.aclose()
+    engine.workers.shutdown()
+    # Whisper ran on the engine's pool, never on asyncio's shared executor; the interims, which
+    # nobody waits on, skipped the 30 s window's checks, and the final's hypothesis did not
+    assert engine.calls and all(name.startswith("engine-recorded-asr") for name, _ in engine.calls), engine.calls
+    assert (False in (t for _, t in engine.calls)) and engine.calls[-1][1] is True, engine.calls
 
 
 @needs_agent

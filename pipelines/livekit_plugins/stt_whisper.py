@@ -10,8 +10,10 @@ reply on it). If
 the pause reaches ``final_silence_ms``, or LiveKit flushes the stream, the same hypothesis
 becomes FINAL_TRANSCRIPT (cached: no second Whisper run) followed by END_OF_SPEECH; if the
 caller goes on, it was only an interim. Finals wait longer than our pipeline's pause, since
-a final per breath would cut words into fragments Whisper cannot read alone. Whisper runs in
-worker threads; the stream never stops reading audio while a hypothesis is computed.
+a final per breath would cut words into fragments Whisper cannot read alone. Whisper runs on
+the engine's worker pool (`voice.workers`); an interim, which nobody waits on, queues behind
+other calls' finals and skips the 30 s window's checks (`WhisperEngine.quick_partials`), and the
+stream never stops reading audio while a hypothesis is computed.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pipelines.config import AsrConfig, VadConfig
 from voice.asr import StreamingASR, WhisperEngine
 from voice.audio import AudioFrame, StreamResampler, resample
 from voice.vad import VadSegmenter, WebRtcVad
+from voice.workers import AHEAD, workers_of
 
 RATE = 16000
 PRE_ROLL_S = 0.2  # audio kept from before the VAD fired: it fires after start_ms of speech
@@ -81,7 +84,7 @@ class WhisperSTT(stt.STT):
     ) -> stt.SpeechEvent:
         frame = rtc.combine_audio_frames(buffer) if isinstance(buffer, list) else buffer
         pcm = resample(rtc_frame_to_mono(frame), frame.sample_rate, RATE)
-        res = await asyncio.to_thread(self.engine.transcribe, pcm.astype(np.float32) / 32768.0)
+        res = await workers_of(self.engine).run(self.engine.transcribe, pcm.astype(np.float32) / 32768.0)
         return stt.SpeechEvent(
             type=stt.SpeechEventType.FINAL_TRANSCRIPT,
             request_id=utils.shortuuid(),
@@ -110,7 +113,8 @@ def _speech(
 
 class _Utterance:
     def __init__(self, engine: WhisperEngine, start_t: float) -> None:
-        self.asr = StreamingASR(engine.transcribe, drafts=engine.drafts)
+        self.asr = StreamingASR(engine.transcribe, drafts=engine.drafts, quick_partials=engine.quick_partials,
+                                workers=workers_of(engine))
         self.asr.reset(start_t)
         self.start_t = start_t  # stream time of the utterance's first sample (preroll included)
         self.lock = asyncio.Lock()  # StreamingASR runs one hypothesis at a time
@@ -231,7 +235,8 @@ class WhisperRecognizeStream(stt.RecognizeStream):
         async with utt.lock:
             if utt.done or utt.paused:
                 return
-            upd = await utt.asr.process_iter()
+            # nobody waits on an interim: behind other calls' finals, without the 30 s window
+            upd = await utt.asr.process_iter(priority=AHEAD)
         if not utt.done and upd.partial.strip():
             self._emit_text(stt.SpeechEventType.INTERIM_TRANSCRIPT, utt, upd.partial)
 

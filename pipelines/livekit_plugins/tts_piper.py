@@ -2,19 +2,20 @@
 
 Text arrives in pieces (an LLM's chunks). Each complete sentence is synthesised as soon as it
 is in, and Piper's first clause is kept short (`PiperTTS.split`), so first audio does not
-wait for the whole reply. Synthesis runs in worker threads, one clause at a time, and stops
-between clauses when LiveKit cancels the stream (an interruption).
+wait for the whole reply. Synthesis runs on Piper's worker pool (`voice.workers`), one clause
+at a time, a first clause ahead of other calls' later clauses, and stops between clauses when
+LiveKit cancels the stream (an interruption).
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 
 from livekit.agents import tts, utils
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, APIConnectOptions
 
 from voice.tts import PiperTTS
+from voice.workers import AHEAD, NOW
 
 _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*\s+")
 
@@ -53,8 +54,8 @@ class PiperStreamingTTS(tts.TTS):
 
 
 async def _speak(piper: PiperTTS, text: str, emitter: tts.AudioEmitter) -> None:
-    for part in piper.split(text):
-        pcm = await asyncio.to_thread(piper.synth, part)
+    for i, part in enumerate(piper.split(text)):
+        pcm = await piper.workers.run(piper.synth, part, priority=NOW if i == 0 else AHEAD)
         if len(pcm):
             emitter.push(pcm.astype("<i2", copy=False).tobytes())
 
