@@ -111,7 +111,6 @@ async def agent() -> AsyncIterator[Any]:
     yield await Agent.load(AgentConfig())
 
 
-@needs_agent
 class RecordingEngine:
     """The real Whisper engine behind a recorder (not a fake: every call runs the engine), on
     its own one-thread pool: which thread ran each transcription, and with what ``thorough``."""
@@ -127,6 +126,7 @@ class RecordingEngine:
         return self.engine.transcribe(audio, **kwargs)
 
 
+@needs_agent
 async def test_stt_stream_emits_interim_preflight_final_on_real_speech(agent: Any) -> None:
     clip = librivox()[1]  # "he was not an ill disposed young man"
     pcm, _ = read_wav(clip.path, 16000)

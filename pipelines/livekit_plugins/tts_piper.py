@@ -53,9 +53,10 @@ class PiperStreamingTTS(tts.TTS):
         return PiperSynthesizeStream(tts=self, conn_options=conn_options)
 
 
-async def _speak(piper: PiperTTS, text: str, emitter: tts.AudioEmitter) -> None:
+async def _speak(piper: PiperTTS, text: str, emitter: tts.AudioEmitter, first: bool = True) -> None:
+    """``first``: the text opens the reply, so its first clause is what the caller waits on."""
     for i, part in enumerate(piper.split(text)):
-        pcm = await piper.workers.run(piper.synth, part, priority=NOW if i == 0 else AHEAD)
+        pcm = await piper.workers.run(piper.synth, part, priority=NOW if first and i == 0 else AHEAD)
         if len(pcm):
             emitter.push(pcm.astype("<i2", copy=False).tobytes())
 
@@ -89,6 +90,7 @@ class PiperSynthesizeStream(tts.SynthesizeStream):
         )
         output_emitter.start_segment(segment_id=utils.shortuuid())
         pending = ""
+        spoken = False
         async for data in self._input_ch:
             if isinstance(data, self._FlushSentinel):
                 ready, pending = pending.strip(), ""
@@ -96,10 +98,11 @@ class PiperSynthesizeStream(tts.SynthesizeStream):
                 ready, pending = complete_sentences(pending + data)
             if ready:
                 self._mark_started()
-                await _speak(self._tts.piper, ready, output_emitter)
+                await _speak(self._tts.piper, ready, output_emitter, first=not spoken)
+                spoken = True
                 output_emitter.flush()
         if pending.strip():
             self._mark_started()
-            await _speak(self._tts.piper, pending.strip(), output_emitter)
+            await _speak(self._tts.piper, pending.strip(), output_emitter, first=not spoken)
             output_emitter.flush()
         output_emitter.end_segment()
