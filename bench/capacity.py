@@ -181,7 +181,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     wall_s += time.monotonic() - t0
                     judged += j
                     violations += v
-                    print(f"{leg} N={n} round {i + 1}: {[c['id'] for c in rnd]}", flush=True)
+                    cuts = [k for t in j for k, c in t["cut"].items() if c]  # as bench/turn_gap.py lists them
+                    print(f"{leg} N={n} round {i + 1}: {[c['id'] for c in rnd]} cuts {cuts}", flush=True)
                 j = summary(judged)
                 row = {"calls": n, "p50_ms": j["p50_ms"], "p95_ms": j["p95_ms"], "cutoffs": j["cutoffs"],
                        "missed": j["missed"], "turns": len(judged), "joins_talked_over": j["joins_talked_over"],
