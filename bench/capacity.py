@@ -44,7 +44,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import machine  # noqa: E402
 from eval_calls import load_calls  # noqa: E402
-from turn_gap import caller_levels, judge, summary  # noqa: E402
+from turn_gap import caller_levels, cut_kinds, judge, summary  # noqa: E402
 
 
 def rounds_for(calls: list[dict[str, Any]], n: int, per_level: int, offset: int = 0) -> list[list[dict[str, Any]]]:
@@ -181,8 +181,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     wall_s += time.monotonic() - t0
                     judged += j
                     violations += v
-                    cuts = [k for t in j for k, c in t["cut"].items() if c]  # as bench/turn_gap.py lists them
-                    print(f"{leg} N={n} round {i + 1}: {[c['id'] for c in rnd]} cuts {cuts}", flush=True)
+                    print(f"{leg} N={n} round {i + 1}: {[c['id'] for c in rnd]} cuts {cut_kinds(j)}", flush=True)
                 j = summary(judged)
                 row = {"calls": n, "p50_ms": j["p50_ms"], "p95_ms": j["p95_ms"], "cutoffs": j["cutoffs"],
                        "missed": j["missed"], "turns": len(judged), "joins_talked_over": j["joins_talked_over"],

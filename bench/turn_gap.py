@@ -179,6 +179,11 @@ def cut_short(responder: Any, turns: list[dict[str, Any]]) -> dict[str, int] | N
     return {"replies": len(said), "shortened": shortened, "mid_sentence": mid}
 
 
+def cut_kinds(judged: list[dict[str, Any]]) -> list[str]:
+    """The kind of each agent onset inside a turn, in turn order (for a call's or round's line)."""
+    return [k for j in judged for k, n in j["cut"].items() if n]
+
+
 def summary(judged: list[dict[str, Any]]) -> dict[str, Any]:
     gaps = [j["gap_ms"] for j in judged if j["gap_ms"] is not None]
     cut = {k: sum(j["cut"][k] for j in judged) for k in ("function", "content", "natural", "join", "speech")}
@@ -262,7 +267,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for k, v in t["stages"].items():
                 ours["stages"].setdefault(k, []).append(v)
         print(f"{call['id']} ({rate} Hz): ours {[j['gap_ms'] for j in judged]} "
-              f"cuts {[k for j in judged for k, n in j['cut'].items() if n]}", flush=True)
+              f"cuts {cut_kinds(judged)}", flush=True)
         if not args.skip_livekit:
             from pipelines.livekit_plugins.session_replay import run_livekit_session
 
@@ -271,7 +276,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             lk_j += judged_lk
             lk_turns += [{"call": call["id"]} | t for t in res["turns"]]
             print(f"{call['id']}: livekit {[j['gap_ms'] for j in judged_lk]} "
-                  f"cuts {[k for j in judged_lk for k, n in j['cut'].items() if n]}", flush=True)
+                  f"cuts {cut_kinds(judged_lk)}", flush=True)
         if not args.skip_pipecat:
             from pipelines.pipecat_peer import run_pipecat_session
 
@@ -280,7 +285,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             pc_j += judged_pc
             pc_turns += [{"call": call["id"]} | t for t in res["turns"]]
             print(f"{call['id']}: pipecat {[j['gap_ms'] for j in judged_pc]} "
-                  f"cuts {[k for j in judged_pc for k, n in j['cut'].items() if n]}", flush=True)
+                  f"cuts {cut_kinds(judged_pc)}", flush=True)
     paused = sum(1 for c in calls for t in c["truth"]["turns"] if t["pauses"])
     out: dict[str, Any] = {
         "split": args.split, "calls": len(calls), "turns": len(ours_j), "turns_with_mid_pause": paused,
