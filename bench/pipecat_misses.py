@@ -67,7 +67,7 @@ async def run(split: str, ids: list[str]) -> None:
             judged = judge(res["agent_audio"], RATE, call["truth"]["turns"])
             print(f"{call['id']} ({rate} Hz)")
             for turn, j in zip(call["truth"]["turns"], judged, strict=True):
-                miss = j["gap_ms"] is None and not sum(j["cut"].values())
+                miss = not j["replied"]  # no onset inside the turn or after it: turn_gap's "missed"
                 missed += miss
                 print(f"  {'MISSED ' if miss else '       '}{turn['start_s']:6.2f}-{turn['end_s']:6.2f} s "
                       f"{turn['text']!r}: gap {j['gap_ms']} ms")
