@@ -1,6 +1,8 @@
 """Which evidence should end a turn? Words, prosody, or both: cut-offs against latency.
 
     python bench/endpoint_study.py [--split dev] [--json PATH]
+    python bench/endpoint_study.py --features bench/results/endpoint_study_dev.json \
+        --turn-end-lm llm/weights/turn_end_lm --json PATH   # the words read by another LM
 
 For every pause inside a caller turn (mid-sentence pauses after function and content words,
 joins between two sentences) and every true turn end of the evaluation set
@@ -112,6 +114,25 @@ def add_late_audio(rows: list[dict[str, Any]], split: str) -> None:
                 r["p_audio_late"] = late_audio(turn, x, r)
 
 
+def reread_words(rows: list[dict[str, Any]], model: Path, min_words: int = 1) -> list[dict[str, Any]]:
+    """The rows with the LM's opinion of their words from the turn-end LM in ``model``
+    (`llm.turn_end_lm`) instead of the probe, where the probe was asked; words fewer than
+    ``min_words`` get no LM opinion."""
+    from llm.turn_end import strip_trailing_punct
+    from llm.turn_end_lm import TurnEndLM
+
+    lm = TurnEndLM.load(model)
+    out = []
+    for r in rows:
+        q = dict(r)
+        if r["lm"] is not None:
+            short = len(strip_trailing_punct(r["text"]).split()) < min_words
+            q["lm"] = None if short else lm.prob(r["text"])
+            q["p_words"] = completeness(r["text"], q["lm"], tuple(r["near"]) if r["near"] else None)
+        out.append(q)
+    return out
+
+
 def _logit(p: float) -> float:
     p = min(max(p, 1e-4), 1 - 1e-4)
     return math.log(p / (1 - p))
@@ -207,6 +228,9 @@ def main() -> None:
     ap.add_argument("--split", default="dev", choices=("dev", "test"))
     ap.add_argument("--notice-ms", type=float, default=10.0)
     ap.add_argument("--features", type=Path, help="reuse features saved by an earlier run (or its --json)")
+    ap.add_argument("--turn-end-lm", type=Path, help="read the words' LM opinion from this turn-end LM "
+                    "(`python -m llm.turn_end_lm`) instead of the probe")
+    ap.add_argument("--lm-min-words", type=int, default=1, help="with --turn-end-lm: no LM opinion on fewer words")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.features and args.features.exists():
@@ -218,6 +242,8 @@ def main() -> None:
         rows = features(load_calls(args.split))
         if args.features:
             args.features.write_text(json.dumps(rows))
+    if args.turn_end_lm:
+        rows = reread_words(rows, args.turn_end_lm, args.lm_min_words)
     table = {name: score(rows, fn, args.notice_ms) for name, fn in policies().items()}
     print(f"\n{args.split}: {sum(r['kind'] == 'end' for r in rows)} turn ends, "
           f"{sum(r['kind'] in ('function', 'content', 'natural') for r in rows)} pauses inside turns, "
@@ -229,7 +255,10 @@ def main() -> None:
               f"{s['joins_talked_over']:3d}/{s['joins']:<2d} "
               f"{s['end_wait_p50_ms']:7.1f} {s['end_wait_p95_ms']:7.1f} {s['end_wait_mean_ms']:7.1f}")
     if args.json:
-        args.json.write_text(json.dumps({"split": args.split, "notice_ms": args.notice_ms, "policies": table,
+        args.json.write_text(json.dumps({"split": args.split, "notice_ms": args.notice_ms,
+                                         "turn_end_lm": str(args.turn_end_lm) if args.turn_end_lm else None,
+                                         "lm_min_words": args.lm_min_words,
+                                         "policies": table,
                                          "rows": rows}, indent=1))
 
 

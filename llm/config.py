@@ -97,7 +97,8 @@ class LlmConfig(_Section):
     prompt_len: int = Field(32, ge=8, le=1024)
     turn_end_model_path: str | None = Field(
         None, description="model whose turn_end.json probe gives the LM's end-of-turn opinion when the reply "
-        "model has none; default: the embedded MDLM")
+        "model has none, or a turn-end LM (a directory with turn_end_lm.json, `python -m llm.turn_end_lm`); "
+        "default: the embedded MDLM")
 
     @model_validator(mode="after")
     def _steps(self) -> LlmConfig:

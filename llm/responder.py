@@ -9,7 +9,8 @@ changed positions are re-masked and re-decoded.
 
 The LM's end-of-turn opinion (`turn_end_prob`) is a probe on a masked LM's hidden state
 (`llm.turn_end`): the reply model's own when its directory has one, else the embedded
-MDLM's (``llm.turn_end_model_path``).
+MDLM's (``llm.turn_end_model_path``), or, where that path names one, a causal turn-end LM
+(`llm.turn_end_lm`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,6 +34,7 @@ from llm.decoder import BlockResult, DecodeOptions, DecodeStats, generate_block,
 from llm.loader import EMBEDDED_MDLM, LoadedLM, ModelLoadError, load_lm
 from llm.sentence_case import sentence_case
 from llm.turn_end import PROBE_FILE, TurnEndProbe
+from llm.turn_end_lm import CALIBRATION_FILE, TurnEndLM
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +118,8 @@ class Responder:
     # agent gives each engine a bounded pool, `voice.workers`); None: asyncio's default executor
     workers: Any = None
 
-    def __init__(self, lm: LoadedLM, cfg: LlmConfig, probe_lm: LoadedLM | None = None) -> None:
+    def __init__(self, lm: LoadedLM, cfg: LlmConfig, probe_lm: LoadedLM | None = None,
+                 turn_end_lm: TurnEndLM | None = None) -> None:
         self.lm = lm
         self.cfg = cfg
         self.blocks = None
@@ -123,10 +127,13 @@ class Responder:
             ends = sentence_end_ids(lm)
             self.blocks = BlockDiffusionDecoder(lm.model, lm.special, ends, word_continuation_ids(lm, ends))
         self.probe_lm = probe_lm or lm
+        # the LM's end-of-turn reader: the turn-end LM, or a probe on a masked LM's hidden state
+        self.turn_end: TurnEndLM | TurnEndProbe | None = turn_end_lm
         probe_dir = self.probe_lm.path
-        self.turn_end: TurnEndProbe | None = TurnEndProbe.load(probe_dir) if probe_dir.is_dir() else None
-        if self.turn_end is not None:
-            self.turn_end.prepare(self.probe_lm)  # now, not on a call's first hypothesis
+        if turn_end_lm is None and probe_dir.is_dir():
+            self.turn_end = TurnEndProbe.load(probe_dir)
+            if self.turn_end is not None:
+                self.turn_end.prepare(self.probe_lm)  # now, not on a call's first hypothesis
 
     @property
     def streams(self) -> bool:
@@ -148,15 +155,17 @@ class Responder:
             lm = load_lm(cfg)
         except ModelLoadError as exc:
             raise ModelLoadError(f"llm.model_path: {exc}") from None
-        probe_lm = None
+        probe_lm, turn_end_lm = None, None
         if turn_end and not (lm.path / PROBE_FILE).exists():
-            probe_path = cfg.turn_end_model_path or str(EMBEDDED_MDLM)
-            # the probe was fitted on float32 features
+            probe_path = Path(cfg.turn_end_model_path).expanduser() if cfg.turn_end_model_path else EMBEDDED_MDLM
             try:
-                probe_lm = load_lm(LlmConfig(model_path=probe_path, dtype="float32", threads=cfg.threads))
+                if (probe_path / CALIBRATION_FILE).exists():
+                    turn_end_lm = TurnEndLM.load(probe_path)
+                else:  # the probe was fitted on float32 features
+                    probe_lm = load_lm(LlmConfig(model_path=str(probe_path), dtype="float32", threads=cfg.threads))
             except ModelLoadError as exc:
                 raise ModelLoadError(f"llm.turn_end_model_path: {exc}") from None
-        return cls(lm, cfg, probe_lm)
+        return cls(lm, cfg, probe_lm, turn_end_lm)
 
     def block_options(self, deadline: float | None = None, prompt: list[int] | None = None,
                       **overrides: object) -> BlockOptions:
@@ -185,6 +194,8 @@ class Responder:
         has no probe, see `llm.turn_end`)."""
         if self.turn_end is None:
             return None
+        if isinstance(self.turn_end, TurnEndLM):
+            return self.turn_end.prob(user_text)
         return self.turn_end.probs(self.probe_lm, [user_text])[0]
 
     def visible_history(self, history: list[tuple[str, str]] | tuple = ()) -> list[tuple[str, str]]:
