@@ -29,6 +29,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -38,6 +39,7 @@ from llm.config import LlmConfig, OpenAIConfig
 from llm.decoder import DecodeStats
 from llm.remote_errors import RemoteLmError, classify
 from llm.responder import Reply, Responder
+from llm.turn_end_lm import CALIBRATION_FILE
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3  # per call without a deadline; with one, as many as fit in it
@@ -129,11 +131,16 @@ class RemoteResponder:
 
     @classmethod
     def load(cls, cfg: LlmConfig, turn_end: bool = True) -> RemoteResponder:
-        """``turn_end`` and ``llm.openai.local_turn_end``: load the embedded MDLM for the probe."""
+        """``turn_end`` and ``llm.openai.local_turn_end``: load the embedded MDLM for the probe
+        (or the turn-end LM that ``llm.turn_end_model_path`` names)."""
         assert cfg.openai is not None
         local = None
         if turn_end and cfg.openai.local_turn_end:
-            local = Responder.load(LlmConfig(model_path=cfg.turn_end_model_path, threads=cfg.threads))
+            path = cfg.turn_end_model_path
+            if path and (Path(path).expanduser() / CALIBRATION_FILE).exists():  # beside the embedded reply model
+                local = Responder.load(LlmConfig(turn_end_model_path=path, threads=cfg.threads))
+            else:
+                local = Responder.load(LlmConfig(model_path=path, threads=cfg.threads))
         return cls(cfg, local)
 
     def turn_end_prob(self, user_text: str) -> float | None:

@@ -65,6 +65,16 @@ def test_the_responder_takes_its_opinion_from_it(trained: Path) -> None:
     assert r.turn_end_prob("I would like") == pytest.approx(r.turn_end.prob("I would like"))
 
 
+def test_a_remote_reply_model_takes_its_opinion_from_it_too(trained: Path) -> None:
+    from llm.remote import RemoteResponder
+
+    cfg = LlmConfig(backend="openai", turn_end_model_path=str(trained),
+                    openai={"base_url": "http://127.0.0.1:9/v1", "model": "m", "local_turn_end": True})
+    r = RemoteResponder.load(cfg)  # nothing is sent: loading reads no server
+    assert isinstance(r.turn_end, TurnEndLM)
+    assert r.turn_end_prob("I would like") == pytest.approx(r.turn_end.prob("I would like"))
+
+
 def test_a_missing_or_broken_one_names_the_key(tmp_path: Path) -> None:
     from llm.responder import Responder
 
