@@ -164,6 +164,26 @@ def length_matched(prompts: list[str], rng: random.Random) -> tuple[list[str], l
     return texts, labels
 
 
+def fit_logistic(x: torch.Tensor, labels: list[int], weights: list[float], max_iter: int = 300,
+                 l2: float = 0.0) -> tuple[torch.Tensor, float]:
+    """Weighted logistic regression on features ``x`` (N, D) by L-BFGS: (weight (D,), bias)."""
+    yt = torch.tensor(labels, dtype=torch.float32)
+    wt = torch.tensor(weights)
+    w = torch.zeros(x.shape[1], requires_grad=True)
+    b = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], lr=0.5, max_iter=max_iter)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        per = torch.nn.functional.binary_cross_entropy_with_logits(x @ w + b, yt, reduction="none")
+        loss = (per * wt).sum() / wt.sum() + l2 * (w**2).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return w.detach(), float(b.detach())
+
+
 def train_probe(lm: LoadedLM, train_prompts: list[str], held_prompts: list[str], prompt_len: int = 32,
                 block_len: int = 0, seed: int = 1234, epochs: int = 300,
                 balance_length: bool = True) -> TurnEndProbe:
@@ -173,22 +193,10 @@ def train_probe(lm: LoadedLM, train_prompts: list[str], held_prompts: list[str],
                        for i in range(0, len(x_texts), 256)])
     mean, std = feats.mean(0), feats.std(0).clamp_min(1e-4)
     x = (feats - mean) / std
-    yt = torch.tensor(y, dtype=torch.float32)
-    wt = torch.tensor(length_balanced_weights(x_texts, y) if balance_length else [1.0] * len(y))
     torch.manual_seed(seed)
-    w = torch.zeros(x.shape[1], requires_grad=True)
-    b = torch.zeros(1, requires_grad=True)
-    opt = torch.optim.LBFGS([w, b], lr=0.5, max_iter=epochs)
-
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        per = torch.nn.functional.binary_cross_entropy_with_logits(x @ w + b, yt, reduction="none")
-        loss = (per * wt).sum() / wt.sum() + 1e-3 * (w**2).sum()
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    probe = TurnEndProbe(w.detach(), float(b.detach()), mean, std, prompt_len, block_len)
+    w, b = fit_logistic(x, y, length_balanced_weights(x_texts, y) if balance_length else [1.0] * len(y),
+                        max_iter=epochs, l2=1e-3)
+    probe = TurnEndProbe(w, b, mean, std, prompt_len, block_len)
     h_texts, h_y = examples(held_prompts, random.Random(seed + 1))
     probe.heldout_auc = round(auc(probe.probs(lm, h_texts), h_y), 4)
     m_texts, m_y = length_matched(held_prompts, random.Random(seed + 2))

@@ -31,8 +31,9 @@ from pathlib import Path
 import torch
 
 from llm.loader import ModelLoadError
+from llm.pair import Pair
 from llm.tokenizer import ChatTokenizer
-from llm.turn_end import auc, examples, length_balanced_weights, length_matched, strip_trailing_punct
+from llm.turn_end import auc, examples, fit_logistic, length_balanced_weights, length_matched, strip_trailing_punct
 
 CALIBRATION_FILE = "turn_end_lm.json"
 MAX_TOKENS = 40  # the words read: the turn's last 40 tokens after <bos>
@@ -44,15 +45,22 @@ def _held(text: str, share: int = 50) -> bool:
     return int(hashlib.sha1(text.encode()).hexdigest()[:8], 16) % share == 0
 
 
-def utterances(seed: int = 1234, chat: int = 40000, cap: int = 20) -> list[str]:
-    """Whole utterances as often as they are said, each at most ``cap`` times: SGD's caller
-    and assistant turns, the training split's chatterbot and persona prompts, and ``chat`` of
-    its chat prompts. How often a short answer ("Yes", "Thank you") is a whole turn is what
-    the end token learns, so repeats are kept, not collapsed to one."""
-    from llm.data import all_pairs, sgd_pairs, split_pairs
+def chat_split(seed: int = 1234) -> tuple[list[Pair], list[Pair]]:
+    """`llm.train`'s split of the chat corpora: (training pairs, held-out pairs)."""
+    from llm.data import all_pairs, split_pairs
     from llm.train import HELDOUT
 
-    train, _ = split_pairs(all_pairs(seed), HELDOUT, seed)
+    return split_pairs(all_pairs(seed), HELDOUT, seed)
+
+
+def utterances(train: list[Pair], seed: int = 1234, chat: int = 40000, cap: int = 20) -> list[str]:
+    """Whole utterances as often as they are said, each at most ``cap`` times: SGD's caller
+    and assistant turns, and of ``train`` (the training side of `chat_split`) the chatterbot
+    and persona prompts and ``chat`` of the chat prompts. How often a short answer ("Yes",
+    "Thank you") is a whole turn is what the end token learns, so repeats are kept, not
+    collapsed to one."""
+    from llm.data import sgd_pairs
+
     sgd = sgd_pairs()
     texts = [p.prompt for p in sgd] + [p.response for p in sgd]
     texts += [p.prompt for p in train if p.source != "chitchat"]
@@ -103,9 +111,12 @@ class TurnEndLM:
         end = logp[:, self.tok.special.sep]
         return (end - torch.log1p(-end.exp().clamp(max=1 - 1e-6))).tolist()
 
-    def probs(self, texts: list[str], batch: int = 128) -> list[float]:
-        x = torch.tensor([v for i in range(0, len(texts), batch) for v in self.end_logodds(texts[i: i + batch])])
-        return torch.sigmoid(self.scale * x + self.shift).tolist()
+    def logodds(self, texts: list[str], batch: int = 128) -> torch.Tensor:
+        """`end_logodds` of any number of texts, ``batch`` at a time."""
+        return torch.tensor([v for i in range(0, len(texts), batch) for v in self.end_logodds(texts[i: i + batch])])
+
+    def probs(self, texts: list[str]) -> list[float]:
+        return torch.sigmoid(self.scale * self.logodds(texts) + self.shift).tolist()
 
     def prob(self, text: str) -> float:
         return self.probs([text])[0]
@@ -130,22 +141,8 @@ def calibrate(lm: TurnEndLM, held: list[str], seed: int) -> dict[str, float]:
     scores the other half."""
     fit, check = held[0::2], held[1::2]
     texts, y = examples(fit, random.Random(seed))
-    x = torch.tensor([v for i in range(0, len(texts), 128) for v in lm.end_logodds(texts[i: i + 128])])
-    yt = torch.tensor(y, dtype=torch.float32)
-    wt = torch.tensor(length_balanced_weights(texts, y))
-    a = torch.ones(1, requires_grad=True)
-    b = torch.zeros(1, requires_grad=True)
-    opt = torch.optim.LBFGS([a, b], lr=0.5, max_iter=200)
-
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        per = torch.nn.functional.binary_cross_entropy_with_logits(a * x + b, yt, reduction="none")
-        loss = (per * wt).sum() / wt.sum()
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    lm.scale, lm.shift = float(a.detach()), float(b.detach())
+    w, b = fit_logistic(lm.logodds(texts).unsqueeze(1), y, length_balanced_weights(texts, y), max_iter=200)
+    lm.scale, lm.shift = float(w[0]), b
     c_texts, c_y = examples(check, random.Random(seed + 1))
     m_texts, m_y = length_matched(check, random.Random(seed + 2))
     return {"scale": lm.scale, "shift": lm.shift,
@@ -153,13 +150,9 @@ def calibrate(lm: TurnEndLM, held: list[str], seed: int) -> dict[str, float]:
             "heldout_auc_length_matched": round(auc(lm.probs(m_texts), m_y), 4)}
 
 
-def chat_heldout(lm: TurnEndLM, seed: int) -> dict[str, float]:
-    """AUCs on `llm.train`'s held-out chat prompts, with the texts `llm.turn_end`'s probe is
-    scored on (its ``heldout_auc`` and ``heldout_auc_length_matched``): the two side by side."""
-    from llm.data import all_pairs, split_pairs
-    from llm.train import HELDOUT
-
-    _, held = split_pairs(all_pairs(seed), HELDOUT, seed)
+def chat_heldout(lm: TurnEndLM, held: list[Pair], seed: int) -> dict[str, float]:
+    """AUCs on `chat_split`'s held-out prompts, with the texts `llm.turn_end`'s probe is scored
+    on (its ``heldout_auc`` and ``heldout_auc_length_matched``): the two side by side."""
     prompts = [p.prompt for p in held]
     h_texts, h_y = examples(prompts, random.Random(seed + 1))
     m_texts, m_y = length_matched(prompts, random.Random(seed + 2))
@@ -185,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t0 = time.monotonic()
-    texts = utterances(args.seed)
+    chat_train, chat_held = chat_split(args.seed)
+    texts = utterances(chat_train, args.seed)
     held = sorted({t for t in texts if _held(t) and len(t.split()) >= 2})
     train = [t for t in texts if not _held(t)]
     rng = random.Random(args.seed)
@@ -217,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     half.half().save_pretrained(str(args.out))
     tok.save(args.out)
     lm = TurnEndLM(model, tok)
-    cal = {**calibrate(lm, held, args.seed), **chat_heldout(lm, args.seed)}
+    cal = {**calibrate(lm, held, args.seed), **chat_heldout(lm, chat_held, args.seed)}
     root = Path(__file__).resolve().parents[1]
     init = args.init.resolve()
     shown = str(init.relative_to(root)) if init.is_relative_to(root) else str(init)
