@@ -12,9 +12,11 @@ is one caller channel with 3-4 turns after a 0.6 s lead-in, each turn followed b
 
 Ground truth is measured on the clean turn audio (before noise and codec) with the energy
 gate of tests/ground_truth.py. Half the calls go through the telephone band (8 kHz, G.711
-mu-law); all get a white noise floor, a quarter also pink noise at 25 dB SNR.
+mu-law); all get a white noise floor, a quarter also pink noise at 25 dB SNR. A stress
+variant (``--snr DB``, ``load_calls(split, snr=DB)``) puts pink noise at DB SNR on every call
+and leaves everything else, the truth included, as it was.
 
-    python bench/eval_calls.py --out DIR [--split dev|test|all]
+    python bench/eval_calls.py --out DIR [--split dev|test|all] [--snr DB]
 """
 
 from __future__ import annotations
@@ -457,7 +459,7 @@ def mulaw_roundtrip(x: np.ndarray) -> np.ndarray:
     return np.where(sign, -dec, dec).astype(np.float64)
 
 
-def _calls(split: str, units: list[Unit]) -> list[dict]:
+def _calls(split: str, units: list[Unit], snr: float | None = None) -> list[dict]:
     turns = _turns(units, split)
     rng = np.random.default_rng(_hash(f"{VERSION}/{split}/calls") % 2**32)
     turns = [turns[i] for i in rng.permutation(len(turns))]
@@ -470,12 +472,13 @@ def _calls(split: str, units: list[Unit]) -> list[dict]:
         left -= k
     calls, i = [], 0
     for c, k in enumerate(sizes):
-        calls.append(_assemble(f"{split}-{c:03d}", split, c, turns[i: i + k], rng))
+        calls.append(_assemble(f"{split}-{c:03d}", split, c, turns[i: i + k], rng, snr))
         i += k
     return calls
 
 
-def _assemble(call_id: str, split: str, index: int, turns: list[Turn], rng: np.random.Generator) -> dict:
+def _assemble(call_id: str, split: str, index: int, turns: list[Turn], rng: np.random.Generator,
+              all_snr: float | None = None) -> dict:
     pieces, truth_turns, t = [], [], LEAD_IN_S
     for tr in turns:
         at = int(round(t / FRAME_S)) * int(RATE * FRAME_S)  # on the 10 ms grid: truth times are exact
@@ -499,7 +502,7 @@ def _assemble(call_id: str, split: str, index: int, turns: list[Turn], rng: np.r
     nrng = np.random.default_rng(_hash(call_id) % 2**32)
     floor_dbfs = round(float(nrng.uniform(-60.0, -55.0)), 1)
     noisy = clean + nrng.standard_normal(len(clean)) * 32768 * 10 ** (floor_dbfs / 20)
-    snr = 25.0 if index % 8 in (0, 5) else None
+    snr = all_snr if all_snr is not None else 25.0 if index % 8 in (0, 5) else None
     if snr is not None:
         noisy += _pink(len(clean), nrng) * np.sqrt(active) * 10 ** (-snr / 20)
     codec = "pcmu" if index % 2 == 1 else "none"
@@ -518,14 +521,15 @@ def _assemble(call_id: str, split: str, index: int, turns: list[Turn], rng: np.r
     return {"id": call_id, "pcm": pcm, "clean": clean, "rate": rate, "truth": truth}
 
 
-def build(out: Path, splits: tuple[str, ...] = SPLITS) -> dict:
-    """Write DIR/<split>/<call_id>.wav|.json and DIR/manifest.json; returns the manifest."""
+def build(out: Path, splits: tuple[str, ...] = SPLITS, snr: float | None = None) -> dict:
+    """Write DIR/<split>/<call_id>.wav|.json and DIR/manifest.json; returns the manifest.
+    ``snr``: pink noise at that SNR on every call (the stress variant)."""
     units = sources()
     manifest: dict = {"version": VERSION, "licenses": LICENSES, "splits": {}}
     for split in splits:
         d = out / split
         d.mkdir(parents=True, exist_ok=True)
-        calls = _calls(split, units)
+        calls = _calls(split, units, snr)
         by_spk: dict[str, int] = {}
         by_kind: dict[str, int] = {}
         pauses: dict[str, int] = {}
@@ -556,12 +560,13 @@ def clean_calls(split: str) -> list[dict]:
     return _calls(split, units)
 
 
-def load_calls(split: str = "test", cache: Path | None = None) -> list[dict]:
+def load_calls(split: str = "test", cache: Path | None = None, snr: float | None = None) -> list[dict]:
     """The calls of ``split`` ("dev", "test" or "all"), built once into ``cache`` (default
-    ~/.cache/voice-agent/eval_calls/<VERSION>): [{"id", "wav": Path, "rate", "truth": {...}}]."""
-    root = cache or CACHE / VERSION
+    ~/.cache/voice-agent/eval_calls/<VERSION>, or <VERSION>-snr<DB> for the stress variant with
+    pink noise at ``snr`` dB on every call): [{"id", "wav": Path, "rate", "truth": {...}}]."""
+    root = cache or CACHE / (VERSION if snr is None else f"{VERSION}-snr{snr:g}")
     if not (root / "manifest.json").exists():
-        build(root)
+        build(root, snr=snr)
     manifest = json.loads((root / "manifest.json").read_text())
     out = []
     for s in (SPLITS if split == "all" else (split,)):
@@ -575,8 +580,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--split", choices=("dev", "test", "all"), default="all")
+    ap.add_argument("--snr", type=float, help="pink noise at this SNR (dB) on every call (a stress variant)")
     args = ap.parse_args(argv)
-    m = build(args.out, SPLITS if args.split == "all" else (args.split,))
+    m = build(args.out, SPLITS if args.split == "all" else (args.split,), args.snr)
     for s, v in m["splits"].items():
         print(f"{s}: {v['n_calls']} calls, {v['n_turns']} turns, kinds {v['turns_by_kind']}, "
               f"pauses {v['pauses_by_kind']}, speakers {v['turns_by_speaker']}")

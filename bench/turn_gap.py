@@ -1,7 +1,7 @@
 """Turn-gap benchmark on the evaluation set: our pipeline against LiveKit Agents, same engines,
 same calls, same run, measured by a ruler neither holds.
 
-    python bench/turn_gap.py [--split test] [--calls N] [--json PATH] [--skip-livekit] [--skip-pipecat]
+    python bench/turn_gap.py [--split test] [--calls N] [--snr DB] [--json PATH] [--skip-livekit] [--skip-pipecat]
 
 The calls are the evaluation set's (`bench/eval_calls.py`, docs/eval_set.md): real recorded
 speech from several speakers, half of the calls through the 8 kHz band with G.711, with
@@ -216,7 +216,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     # the bench's clips recur across calls: it measures fresh replies (bench/reply_cache.py the cache)
     cfg.cache.enabled = False
     agent = await Agent.load(cfg)
-    calls = load_calls(args.split)[: args.calls or None]
+    calls = load_calls(args.split, snr=args.snr)[: args.calls or None]
     caller_db = caller_levels(args.split)
     ours_j: list[dict[str, Any]] = []
     lk_j: list[dict[str, Any]] = []
@@ -288,7 +288,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                   f"cuts {cut_kinds(judged_pc)}", flush=True)
     paused = sum(1 for c in calls for t in c["truth"]["turns"] if t["pauses"])
     out: dict[str, Any] = {
-        "split": args.split, "calls": len(calls), "turns": len(ours_j), "turns_with_mid_pause": paused,
+        "split": args.split, "snr_db": args.snr, "calls": len(calls), "turns": len(ours_j),
+        "turns_with_mid_pause": paused,
         "ours": {**summary(ours_j),
                  # the old figure, from webrtcvad's last voiced frame before each onset
                  "vad_p50_ms": pct(ours["vad_gaps"], 50), "vad_p95_ms": pct(ours["vad_gaps"], 95),
@@ -323,6 +324,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--split", default="test", choices=("dev", "test"), help="tune on dev, report test")
     ap.add_argument("--calls", type=int, default=0, help="only the first N calls of the split (0: all)")
+    ap.add_argument("--snr", type=float,
+                    help="a stress variant: pink noise at this SNR (dB) on every call (default: the set as built)")
     ap.add_argument("--config")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--skip-livekit", action="store_true")

@@ -121,3 +121,19 @@ def test_ruler_finds_where_agent_speech_stops(engines) -> None:
     onset = audible_onsets(track, FS)[0]
     assert audible_until(track, FS, onset) == pytest.approx(speech_end(track, FS), abs=0.03)
     assert audible_until(track, FS, 0.2) == 0.2  # nothing audible from there on for 0.8 s
+
+
+def test_stress_variant_puts_noise_on_every_call_and_keeps_the_truth(clean):
+    """``snr``: pink noise at that SNR on every call of the split; the calls, their truth and
+    their clean tracks stay the set's own, so a bench run on it is judged by the same ruler."""
+    noisy = ec._calls("dev", ec.sources(), snr=15.0)
+    assert [c["id"] for c in noisy] == [c["id"] for c in clean["dev"]]
+    for n, c in zip(noisy, clean["dev"], strict=True):
+        assert n["truth"]["noise_snr_db"] == 15.0
+        assert n["truth"]["turns"] == c["truth"]["turns"]
+        assert np.array_equal(n["clean"], c["clean"])
+        # the lead-in, before the first word, holds the noise: about 15 dB under the speech (the
+        # 8 kHz band and G.711 take up to a few dB of it)
+        lead = n["pcm"][: int(0.4 * n["rate"])].astype(np.float64)
+        lead_db = 20 * np.log10(np.sqrt(np.mean(lead * lead))) - 90.31
+        assert abs(lead_db - (n["truth"]["speech_level_dbfs"] - 15.0)) < 5.0, (n["id"], lead_db)
