@@ -112,7 +112,8 @@ class CallSession(SpeculationPath, OwnWords):
         self.end_reason: str | None = None  # why the call ended (`close`)
 
         if vad is None:
-            gate = LevelGate(cfg.vad.level_gate_db) if cfg.vad.level_gate_db > 0 else None
+            gate = (LevelGate(cfg.vad.level_gate_db, noise_share=cfg.vad.noise_margin_share)
+                    if cfg.vad.level_gate_db > 0 else None)
             vad = VadSegmenter(WebRtcVad(cfg.vad.aggressiveness, ASR_RATE, cfg.vad.frame_ms),
                                cfg.vad.start_ms, cfg.vad.stop_ms, gate)
         self.vad = vad
@@ -122,7 +123,8 @@ class CallSession(SpeculationPath, OwnWords):
         )
         self.endpointer = Endpointer(cfg.turn)
         self._resamplers: dict[int, StreamResampler] = {}
-        self._levels = LevelTrack()  # recent caller levels: where the caller's speech truly ended
+        # recent caller levels: where the caller's speech truly ended
+        self._levels = LevelTrack(noise_share=cfg.vad.noise_margin_share)
         self._resampled_t0: dict[int, float] = {}  # call time where each rate's resampled stream began
         self._preroll: deque[np.ndarray] = deque(maxlen=max(1, 200 // cfg.audio.frame_ms))
         self._pause_buf: list[np.ndarray] = []

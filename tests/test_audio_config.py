@@ -98,6 +98,10 @@ def test_config_rejects_unknown_and_invalid_keys(tmp_path) -> None:
         with pytest.raises(ConfigError, match=rf"llm\.{key}"):
             parse_config({"llm": {key: value}})
     assert parse_config({"llm": {"seed": None}}).llm.seed is None
+    for value in (0, 1.5):
+        with pytest.raises(ConfigError, match=r"vad\.noise_margin_share"):
+            parse_config({"vad": {"noise_margin_share": value}})
+    assert parse_config({"vad": {"noise_margin_share": 0.2}}).vad.noise_margin_share == 0.2
     with pytest.raises(ConfigError, match="budgets"):
         parse_config({"budgets": {"llm_block_ms": 5000}})
     bad = tmp_path / "c.yaml"

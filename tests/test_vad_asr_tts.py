@@ -377,6 +377,31 @@ def test_level_gate_ends_speech_where_the_sound_ends_not_after_webrtcvads_hangov
     assert np.mean([g for g, _ in late]) < np.mean([p for _, p in late]) - 0.05, late
 
 
+def test_level_gate_in_background_noise_does_not_end_speech_early() -> None:
+    """Real speech under pink noise at 25 and 15 dB SNR, with `vad.noise_margin_share` 0.2: the
+    gate's margin over the noise floor shrinks with the line's range, so the caller's last soft
+    syllables still count as speech and the pause does not start before the true end (the fixed
+    10 dB margin started it up to 70 ms early at 15 dB), nor long after it."""
+    from bench.eval_calls import _pink
+    from tests.ground_truth import speech_end
+    from voice.level import LevelGate, frame_db
+
+    rng = np.random.default_rng(0)
+    for clip in speech.librivox():
+        pcm, _ = read_wav(clip.path, 16000)
+        x = np.concatenate([np.zeros(8000, np.int16), pcm, np.zeros(16000, np.int16)]).astype(np.float64)
+        true_end = 0.5 + speech_end(pcm, 16000)
+        db = frame_db(pcm, 16000)
+        active = np.mean(10 ** (db[db >= db.max() - 35] / 10))  # mean power of the audible frames
+        for snr in (25, 15):
+            noisy = x + _pink(len(x), rng) * np.sqrt(active) * 10 ** (-snr / 20)
+            seg = VadSegmenter(WebRtcVad(2, 16000, 20), 60, 80, LevelGate(40.0, noise_share=0.2))
+            for f in frames_of(np.clip(noisy, -32768, 32767).astype(np.int16), 16000, 20):
+                seg.process(f)
+            assert true_end - 0.02 <= seg.last_voiced_end <= true_end + 0.2, (clip.path.name, snr, true_end,
+                                                                              seg.last_voiced_end)
+
+
 def test_tts_clause_starts_with_sound_not_dead_air(engines) -> None:
     """Piper's own lead-in (30-50 ms under -40 dB of the peak) is cut: the caller hears the
     reply within 20 ms of its first sample."""
